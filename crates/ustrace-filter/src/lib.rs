@@ -1,0 +1,1 @@
+//! ustrace-filter (skeleton; filled in by its owner).

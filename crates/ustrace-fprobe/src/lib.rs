@@ -1,0 +1,1 @@
+//! ustrace-fprobe (skeleton; filled in by its owner).

@@ -1,0 +1,1 @@
+//! ustrace-inspect (skeleton; filled in by its owner).

@@ -1,0 +1,1 @@
+//! ustrace-ringbuf (skeleton; filled in by its owner).
