@@ -1,0 +1,324 @@
+//! Read-copy-update for the hot path: readers pay two thread-local stores, writers wait.
+//!
+//! Everything a traced thread looks at while recording an event — the probe array of a
+//! tracepoint, an event's filter program, its triggers — is published through a pointer and
+//! read inside a *read-side section*. A writer that replaces such a pointer keeps the old
+//! value alive until [`synchronize`] returns: by then no thread can still be inside a section
+//! that began before the replacement, so the old value can be freed.
+//!
+//! This is user-space RCU in the "membarrier" flavour (the scheme of liburcu's `urcu-memb`):
+//!
+//! ```text
+//!  reader (any thread)                         writer (cold path)
+//!  ───────────────────                         ──────────────────
+//!  slot.ctr = GP          ─┐                   publish new pointer
+//!  compiler fence          │ section           GP += 1                    (new = GP)
+//!  p = load(pointer)       │                   membarrier()  ── every running thread
+//!  ... use *p ...          │                                   executes a full fence
+//!  slot.ctr = 0           ─┘                   for each slot: wait until ctr == 0
+//!                                                                    or ctr >= new
+//! ```
+//!
+//! The reader needs no atomic read-modify-write and no hardware fence: the writer's
+//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` forces a full fence on every CPU running a
+//! thread of this process. Wherever that fence lands in a reader's instruction stream, either
+//! the reader's `ctr` store is already visible to the writer's scan (and the writer waits for
+//! it), or the reader's later pointer load comes after the fence and sees the new pointer.
+//! A reader whose `ctr` holds the new grace-period number started after the bump and so can
+//! only see the new pointer. Sections nest (a signal handler that traces while its thread was
+//! tracing), and only the outermost one touches `ctr`.
+//!
+//! Where membarrier is not available, readers fall back to a real `SeqCst` fence.
+//!
+//! Each thread owns one cache-line-sized [`Slot`], registered on its first section and
+//! returned to a free list when the thread exits, so threads never share a line on the hot
+//! path and the registry's lock is taken once per thread, never per event.
+
+use std::cell::Cell;
+use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, Once};
+
+/// The grace-period counter. Starts at 1 so that 0 can mean "not in a section".
+static GP: AtomicU64 = AtomicU64::new(1);
+/// Whether `membarrier(PRIVATE_EXPEDITED)` is registered; otherwise readers fence themselves.
+static MEMBARRIER: AtomicBool = AtomicBool::new(false);
+static INIT: Once = Once::new();
+/// Serializes writers, so that grace periods do not interleave.
+static WRITERS: Mutex<()> = Mutex::new(());
+/// Every slot ever handed out; slots of exited threads are reused.
+static REGISTRY: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
+
+/// A thread's read-side state, alone on its cache line.
+#[repr(align(64))]
+struct Slot {
+    /// 0 outside a section; otherwise the grace period the outermost section began in.
+    ctr: AtomicU64,
+    /// Section depth; only the owning thread touches it.
+    nesting: Cell<u32>,
+    /// Whether a live thread owns this slot.
+    owned: AtomicBool,
+}
+
+// SAFETY: `nesting` is only read and written by the thread that owns the slot (the slot is
+// handed to one thread at a time through the registry lock); other threads read only the
+// atomics.
+unsafe impl Sync for Slot {}
+
+thread_local! {
+    static SLOT: Cell<Option<&'static Slot>> = const { Cell::new(None) };
+    static RELEASE: SlotRelease = const { SlotRelease };
+}
+
+/// Gives the thread's slot back when the thread exits.
+struct SlotRelease;
+
+impl Drop for SlotRelease {
+    fn drop(&mut self) {
+        if let Ok(Some(slot)) = SLOT.try_with(|s| s.take()) {
+            slot.nesting.set(0);
+            slot.ctr.store(0, Ordering::Release);
+            slot.owned.store(false, Ordering::Release);
+        }
+    }
+}
+
+fn init() {
+    INIT.call_once(|| {
+        // SAFETY: membarrier takes plain integer arguments and touches no memory of ours.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                libc::MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+                0,
+                0,
+            )
+        };
+        MEMBARRIER.store(rc == 0, Ordering::SeqCst);
+        // SAFETY: the handler is a plain function that only touches atomics and the registry.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(after_fork_in_child));
+        }
+    });
+}
+
+/// In a child after fork only the forking thread exists; the others' slots must not hold up
+/// grace periods forever.
+extern "C" fn after_fork_in_child() {
+    let me = SLOT.try_with(|s| s.get()).ok().flatten();
+    // The forking thread held no registry lock (fork is not called from inside one), but
+    // another thread might have: a poisoned or held lock is skipped rather than waited on.
+    if let Ok(slots) = REGISTRY.try_lock() {
+        for slot in slots.iter() {
+            if me.is_some_and(|m| std::ptr::eq(m, *slot)) {
+                continue;
+            }
+            slot.ctr.store(0, Ordering::Relaxed);
+            slot.owned.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn register_thread() -> &'static Slot {
+    init();
+    let slot = {
+        let mut slots = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        match slots.iter().find(|s| {
+            s.owned
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        }) {
+            Some(free) => *free,
+            None => {
+                let slot: &'static Slot = Box::leak(Box::new(Slot {
+                    ctr: AtomicU64::new(0),
+                    nesting: Cell::new(0),
+                    owned: AtomicBool::new(true),
+                }));
+                slots.push(slot);
+                slot
+            }
+        }
+    };
+    SLOT.with(|s| s.set(Some(slot)));
+    // Touch the releaser so that its destructor runs at thread exit.
+    RELEASE.with(|_| {});
+    slot
+}
+
+#[inline(always)]
+fn slot() -> &'static Slot {
+    match SLOT.try_with(|s| s.get()) {
+        Ok(Some(slot)) => slot,
+        // During thread-local destruction there is no slot any more; such a late reader gets
+        // a fresh one (the registry reuses free slots) rather than going unprotected.
+        _ => register_thread(),
+    }
+}
+
+/// A read-side section; the protected data may be used until it is dropped.
+pub struct ReadGuard {
+    slot: &'static Slot,
+    // Not Send: the section belongs to the thread that entered it.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// Enters a read-side section. No lock, no allocation, no syscall (after a thread's first).
+#[inline(always)]
+pub fn read_lock() -> ReadGuard {
+    let slot = slot();
+    let depth = slot.nesting.get();
+    if depth == 0 {
+        slot.ctr
+            .store(GP.load(Ordering::Acquire), Ordering::Relaxed);
+        if MEMBARRIER.load(Ordering::Relaxed) {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+    }
+    slot.nesting.set(depth + 1);
+    ReadGuard {
+        slot,
+        _not_send: std::marker::PhantomData,
+    }
+}
+
+impl Drop for ReadGuard {
+    #[inline(always)]
+    fn drop(&mut self) {
+        let depth = self.slot.nesting.get() - 1;
+        self.slot.nesting.set(depth);
+        if depth == 0 {
+            compiler_fence(Ordering::SeqCst);
+            self.slot.ctr.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Whether the calling thread is inside a read-side section (then [`synchronize`] would wait
+/// for itself).
+pub fn in_read_section() -> bool {
+    SLOT.try_with(|s| s.get().is_some_and(|slot| slot.nesting.get() > 0))
+        .unwrap_or(false)
+}
+
+fn full_barrier_on_all_threads() {
+    if MEMBARRIER.load(Ordering::SeqCst) {
+        // SAFETY: membarrier takes plain integer arguments and touches no memory of ours.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                libc::MEMBARRIER_CMD_PRIVATE_EXPEDITED,
+                0,
+                0,
+            )
+        };
+        if rc == 0 {
+            return;
+        }
+    }
+    fence(Ordering::SeqCst);
+}
+
+/// Waits until every read-side section that began before this call has ended.
+///
+/// # Panics
+/// If called from inside a read-side section of the same thread: it would wait forever.
+pub fn synchronize() {
+    assert!(
+        !in_read_section(),
+        "rcu::synchronize called inside a read-side section"
+    );
+    init();
+    let _writer = WRITERS.lock().unwrap_or_else(|e| e.into_inner());
+    let new_gp = GP.fetch_add(1, Ordering::SeqCst) + 1;
+    full_barrier_on_all_threads();
+    let slots: Vec<&'static Slot> = REGISTRY.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for slot in slots {
+        let mut spins = 0u32;
+        loop {
+            let ctr = slot.ctr.load(Ordering::Acquire);
+            if ctr == 0 || ctr >= new_gp {
+                break;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+    full_barrier_on_all_threads();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicPtr, AtomicUsize};
+    use std::sync::Arc;
+
+    #[test]
+    fn sections_nest_and_unwind() {
+        assert!(!in_read_section());
+        let a = read_lock();
+        let b = read_lock();
+        assert!(in_read_section());
+        drop(b);
+        assert!(in_read_section());
+        drop(a);
+        assert!(!in_read_section());
+        synchronize();
+    }
+
+    /// Readers on more threads than cores dereference a published value while a writer keeps
+    /// replacing and freeing it; a freed value is poisoned first, so a reader that could still
+    /// see it after `synchronize` would observe the poison.
+    #[test]
+    fn no_reader_sees_a_value_freed_after_synchronize() {
+        const LIVE: usize = 0x5eed;
+        const DEAD: usize = 0xdead;
+        let ptr = Arc::new(AtomicPtr::new(Box::into_raw(Box::new(AtomicUsize::new(
+            LIVE,
+        )))));
+        let stop = Arc::new(AtomicBool::new(false));
+        let bad = Arc::new(AtomicUsize::new(0));
+        let readers: Vec<_> = (0..6)
+            .map(|_| {
+                let (ptr, stop, bad) = (ptr.clone(), stop.clone(), bad.clone());
+                std::thread::spawn(move || {
+                    let mut reads = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let _g = read_lock();
+                        let p = ptr.load(Ordering::Acquire);
+                        // SAFETY: p stays allocated until a grace period after it is replaced.
+                        let v = unsafe { (*p).load(Ordering::Relaxed) };
+                        if v != LIVE {
+                            bad.fetch_add(1, Ordering::Relaxed);
+                        }
+                        reads += 1;
+                    }
+                    reads
+                })
+            })
+            .collect();
+        for _ in 0..300 {
+            let fresh = Box::into_raw(Box::new(AtomicUsize::new(LIVE)));
+            let old = ptr.swap(fresh, Ordering::AcqRel);
+            synchronize();
+            // SAFETY: after synchronize no reader can hold `old`.
+            unsafe {
+                (*old).store(DEAD, Ordering::Relaxed);
+                drop(Box::from_raw(old));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let reads: u64 = readers.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(reads > 0);
+        assert_eq!(bad.load(Ordering::Relaxed), 0);
+        // SAFETY: all readers have exited.
+        unsafe { drop(Box::from_raw(ptr.load(Ordering::Acquire))) };
+    }
+}

@@ -1,0 +1,512 @@
+//! Tracepoints: typed hooks compiled into code, nearly free while nothing listens.
+//!
+//! A tracepoint is declared once with a prototype ([`declare_tracepoint!`](crate::declare_tracepoint)),
+//! called from any number of places (`my_tp::trace(a, b)`), and has any number of *probes*
+//! attached at run time. While no probe is attached a call site costs one relaxed load of a
+//! flag and a never-taken branch; the argument evaluation and the call itself are behind it.
+//!
+//! ```text
+//!  call site ─ enabled? ──no──> (nothing)
+//!                 │yes
+//!                 ▼
+//!        rcu::read_lock ── load probe array ── probe₁(args) ─ probe₂(args) ─ … ── unlock
+//! ```
+//!
+//! Probes are closures (`Arc<dyn Fn(args) + Send + Sync>`), kept in priority order (higher
+//! first, as the kernel's `tracepoint_probe_register_prio`) in an immutable array that is
+//! replaced — never edited — on registration changes and read inside an RCU section
+//! ([`crate::rcu`]). The compiler checks a probe's signature against the prototype.
+//!
+//! Removal follows the kernel's contract: `unregister` unpublishes the probe at once; a call
+//! that had already loaded the old array may still run it until
+//! [`synchronize_unregister`] returns, after which no removed probe runs again.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::rcu;
+
+/// Identifies one registration of a probe on one tracepoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProbeId(u64);
+
+/// Why a registration change was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// The same function with the same data is already registered (the kernel's `EEXIST`).
+    #[error("probe already registered on tracepoint {0}")]
+    Exists(&'static str),
+    /// No such probe on this tracepoint (the kernel's `ENOENT`).
+    #[error("probe not registered on tracepoint {0}")]
+    NotFound(&'static str),
+}
+
+struct Entry<P: ?Sized> {
+    id: ProbeId,
+    prio: i32,
+    probe: Arc<P>,
+    /// `(function address, data address)` for probes registered kernel-style with private
+    /// data, so the same pair can be found again for unregistration.
+    identity: Option<(usize, usize)>,
+}
+
+struct Registrations<P: ?Sized> {
+    entries: Vec<Entry<P>>,
+    /// Arrays unpublished but perhaps still being read; freed after the next grace period.
+    retired: Vec<*mut Vec<Arc<P>>>,
+}
+
+/// What every tracepoint tells about itself, whatever its prototype.
+pub struct TracepointInfo {
+    pub name: &'static str,
+    /// The prototype as written, e.g. `["key: &str", "hit: bool"]`.
+    pub args: &'static [&'static str],
+}
+
+/// A tracepoint whose probes have the type `P` (`dyn Fn(args…) + Send + Sync`).
+pub struct Tracepoint<P: ?Sized + 'static> {
+    info: TracepointInfo,
+    enabled: AtomicBool,
+    probes: AtomicPtr<Vec<Arc<P>>>,
+    next_id: AtomicU64,
+    registrations: Mutex<Registrations<P>>,
+}
+
+// SAFETY: the raw pointers in `retired` and `probes` own `Vec<Arc<P>>` values that are only
+// freed under the registration lock after a grace period; `P` is `Send + Sync` by the bound
+// on every method that creates them.
+unsafe impl<P: ?Sized + Send + Sync> Sync for Tracepoint<P> {}
+// SAFETY: as above.
+unsafe impl<P: ?Sized + Send + Sync> Send for Tracepoint<P> {}
+
+impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
+    /// A tracepoint with no probes. Used by [`declare_tracepoint!`](crate::declare_tracepoint).
+    pub const fn new(name: &'static str, args: &'static [&'static str]) -> Self {
+        Tracepoint {
+            info: TracepointInfo { name, args },
+            enabled: AtomicBool::new(false),
+            probes: AtomicPtr::new(std::ptr::null_mut()),
+            next_id: AtomicU64::new(1),
+            registrations: Mutex::new(Registrations {
+                entries: Vec::new(),
+                retired: Vec::new(),
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.info.name
+    }
+
+    pub fn info(&self) -> &TracepointInfo {
+        &self.info
+    }
+
+    /// Whether any probe is attached: the call site's only cost while off.
+    #[inline(always)]
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Calls every attached probe through `call`, inside one read-side section.
+    #[inline]
+    pub fn for_each_probe(&self, mut call: impl FnMut(&P)) {
+        let _section = rcu::read_lock();
+        let array = self.probes.load(Ordering::Acquire);
+        if array.is_null() {
+            return;
+        }
+        // SAFETY: a published array is freed only after a grace period that cannot end while
+        // this section is open.
+        let probes = unsafe { &*array };
+        for probe in probes.iter() {
+            call(probe);
+        }
+    }
+
+    /// Attaches `probe`; higher `prio` runs first, equal priorities in registration order.
+    /// The probe may be running on other threads before this returns.
+    pub fn register(&self, probe: Arc<P>, prio: i32) -> ProbeId {
+        self.insert(probe, prio, None)
+            .expect("probes without identity never collide")
+    }
+
+    /// Attaches a kernel-style probe: a function plus private data, unregistered again by the
+    /// same pair ([`Tracepoint::unregister_identity`]).
+    pub fn register_identity(
+        &self,
+        probe: Arc<P>,
+        prio: i32,
+        identity: (usize, usize),
+    ) -> Result<ProbeId, ProbeError> {
+        self.insert(probe, prio, Some(identity))
+    }
+
+    fn insert(
+        &self,
+        probe: Arc<P>,
+        prio: i32,
+        identity: Option<(usize, usize)>,
+    ) -> Result<ProbeId, ProbeError> {
+        let mut regs = self.lock();
+        if identity.is_some() && regs.entries.iter().any(|e| e.identity == identity) {
+            return Err(ProbeError::Exists(self.info.name));
+        }
+        let id = ProbeId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let at = regs
+            .entries
+            .iter()
+            .position(|e| e.prio < prio)
+            .unwrap_or(regs.entries.len());
+        regs.entries.insert(
+            at,
+            Entry {
+                id,
+                prio,
+                probe,
+                identity,
+            },
+        );
+        self.publish(&mut regs);
+        Ok(id)
+    }
+
+    /// Detaches a probe. It may still be running on another thread until
+    /// [`synchronize_unregister`] returns.
+    pub fn unregister(&self, id: ProbeId) -> Result<(), ProbeError> {
+        let mut regs = self.lock();
+        let at = regs
+            .entries
+            .iter()
+            .position(|e| e.id == id)
+            .ok_or(ProbeError::NotFound(self.info.name))?;
+        regs.entries.remove(at);
+        self.publish(&mut regs);
+        Ok(())
+    }
+
+    /// Detaches the probe registered with this `(function, data)` pair.
+    pub fn unregister_identity(&self, identity: (usize, usize)) -> Result<(), ProbeError> {
+        let id = self
+            .lock()
+            .entries
+            .iter()
+            .find(|e| e.identity == Some(identity))
+            .map(|e| e.id)
+            .ok_or(ProbeError::NotFound(self.info.name))?;
+        self.unregister(id)
+    }
+
+    /// How many probes are attached.
+    pub fn probe_count(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registrations<P>> {
+        self.registrations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes a fresh array built from `regs.entries` and retires the old one.
+    fn publish(&self, regs: &mut Registrations<P>) {
+        let fresh: *mut Vec<Arc<P>> = if regs.entries.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            Box::into_raw(Box::new(
+                regs.entries.iter().map(|e| e.probe.clone()).collect(),
+            ))
+        };
+        let old = self.probes.swap(fresh, Ordering::AcqRel);
+        self.enabled.store(!fresh.is_null(), Ordering::Relaxed);
+        if !old.is_null() {
+            regs.retired.push(old);
+        }
+        // Free what earlier changes retired once no reader can hold it. Registration is a
+        // cold path; waiting here keeps retired arrays from piling up. Skipped when called
+        // from inside a probe, where waiting would wait for ourselves.
+        if regs.retired.len() > 1 && !rcu::in_read_section() {
+            rcu::synchronize();
+            let keep = regs.retired.pop();
+            for array in regs.retired.drain(..) {
+                // SAFETY: unpublished before the grace period that just ended.
+                drop(unsafe { Box::from_raw(array) });
+            }
+            regs.retired.extend(keep);
+        }
+    }
+
+    /// Frees retired arrays after a grace period; part of [`synchronize_unregister`].
+    fn reap(&self) {
+        let mut regs = self.lock();
+        for array in regs.retired.drain(..) {
+            // SAFETY: the caller waited for a grace period after these were unpublished.
+            drop(unsafe { Box::from_raw(array) });
+        }
+    }
+}
+
+impl<P: ?Sized + 'static> fmt::Debug for Tracepoint<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tracepoint")
+            .field("name", &self.info.name)
+            .field("enabled", &self.enabled.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Reclaims what a tracepoint retired, for [`synchronize_unregister`].
+pub trait Reap: Sync {
+    fn reap_retired(&self);
+}
+
+impl<P: ?Sized + Send + Sync + 'static> Reap for Tracepoint<P> {
+    fn reap_retired(&self) {
+        self.reap()
+    }
+}
+
+/// Every tracepoint declared in the program, collected at link time.
+#[linkme::distributed_slice]
+pub static TRACEPOINTS: [&'static (dyn TracepointEntry)];
+
+/// Type-erased view of a declared tracepoint.
+pub trait TracepointEntry: Reap {
+    fn info(&self) -> &TracepointInfo;
+    fn probe_count(&self) -> usize;
+}
+
+impl<P: ?Sized + Send + Sync + 'static> TracepointEntry for Tracepoint<P> {
+    fn info(&self) -> &TracepointInfo {
+        &self.info
+    }
+    fn probe_count(&self) -> usize {
+        Tracepoint::probe_count(self)
+    }
+}
+
+/// Finds a declared tracepoint by name.
+pub fn find(name: &str) -> Option<&'static dyn TracepointEntry> {
+    TRACEPOINTS
+        .iter()
+        .copied()
+        .find(|tp| tp.info().name == name)
+}
+
+/// Waits until no probe unregistered before this call is running or can run again, then
+/// frees what unregistration left behind. The kernel's `tracepoint_synchronize_unregister`.
+pub fn synchronize_unregister() {
+    rcu::synchronize();
+    for tp in TRACEPOINTS.iter() {
+        tp.reap_retired();
+    }
+}
+
+/// Declares a tracepoint: a module with the tracepoint, its call and its registration.
+///
+/// ```
+/// ustrace::declare_tracepoint! {
+///     /// A request was parsed.
+///     pub fn request_parsed(method: &str, len: u64);
+/// }
+///
+/// // At the traced site (costs one relaxed load while no probe is attached):
+/// request_parsed::trace("GET", 42);
+///
+/// // A probe, checked against the prototype by the compiler:
+/// let id = request_parsed::register(0, |method: &str, len: u64| {
+///     assert!(!method.is_empty() || len == 0);
+/// });
+/// request_parsed::trace("GET", 42);
+/// request_parsed::TRACEPOINT.unregister(id).unwrap();
+/// ustrace::tracepoint::synchronize_unregister();
+/// ```
+#[macro_export]
+macro_rules! declare_tracepoint {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?);) => {
+        $(#[$meta])*
+        #[allow(non_snake_case, dead_code)]
+        $vis mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            /// The probe type: a closure taking the tracepoint's arguments.
+            pub type Probe = dyn Fn($($ty),*) + Send + Sync;
+
+            /// The tracepoint itself.
+            pub static TRACEPOINT: $crate::tracepoint::Tracepoint<Probe> =
+                $crate::tracepoint::Tracepoint::new(
+                    stringify!($name),
+                    &[$(concat!(stringify!($arg), ": ", stringify!($ty))),*],
+                );
+
+            #[$crate::__private::linkme::distributed_slice($crate::tracepoint::TRACEPOINTS)]
+            #[linkme(crate = $crate::__private::linkme)]
+            static __ENTRY: &'static dyn $crate::tracepoint::TracepointEntry = &TRACEPOINT;
+
+            /// Whether a probe is attached; guard work done only for the tracepoint.
+            #[inline(always)]
+            pub fn enabled() -> bool {
+                TRACEPOINT.enabled()
+            }
+
+            /// Fires the tracepoint.
+            #[inline(always)]
+            pub fn trace($($arg: $ty),*) {
+                if TRACEPOINT.enabled() {
+                    call($($arg),*);
+                }
+            }
+
+            #[inline(never)]
+            #[cold]
+            fn call($($arg: $ty),*) {
+                TRACEPOINT.for_each_probe(|probe| probe($($arg),*));
+            }
+
+            /// Attaches a probe closure; higher `prio` runs first.
+            pub fn register<F>(prio: i32, probe: F) -> $crate::tracepoint::ProbeId
+            where
+                F: Fn($($ty),*) + Send + Sync + 'static,
+            {
+                TRACEPOINT.register(::std::sync::Arc::new(probe), prio)
+            }
+
+            /// Attaches `probe` with private `data`, as the kernel's
+            /// `register_trace_NAME(probe, data)`; the pair identifies the registration.
+            pub fn register_with_data<D: Send + Sync + 'static>(
+                probe: fn(&D, $($ty),*),
+                data: ::std::sync::Arc<D>,
+                prio: i32,
+            ) -> ::std::result::Result<$crate::tracepoint::ProbeId, $crate::tracepoint::ProbeError> {
+                let identity = (probe as usize, ::std::sync::Arc::as_ptr(&data) as *const () as usize);
+                TRACEPOINT.register_identity(
+                    ::std::sync::Arc::new(move |$($arg: $ty),*| probe(&data, $($arg),*)),
+                    prio,
+                    identity,
+                )
+            }
+
+            /// Detaches the probe registered with this `(probe, data)` pair.
+            pub fn unregister_with_data<D: Send + Sync + 'static>(
+                probe: fn(&D, $($ty),*),
+                data: &::std::sync::Arc<D>,
+            ) -> ::std::result::Result<(), $crate::tracepoint::ProbeError> {
+                let identity = (probe as usize, ::std::sync::Arc::as_ptr(data) as *const () as usize);
+                TRACEPOINT.unregister_identity(identity)
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    crate::declare_tracepoint! {
+        fn tp_test_order(x: u64);
+    }
+    crate::declare_tracepoint! {
+        fn tp_test_data(s: &str, n: u32);
+    }
+    crate::declare_tracepoint! {
+        fn tp_test_stress(x: u64);
+    }
+
+    #[test]
+    fn probes_run_in_priority_order_and_stop_after_unregister() {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (l1, l2, l3) = (log.clone(), log.clone(), log.clone());
+        assert!(!tp_test_order::enabled());
+        let low = tp_test_order::register(1, move |x| l1.lock().unwrap().push(("low", x)));
+        let high = tp_test_order::register(10, move |x| l2.lock().unwrap().push(("high", x)));
+        let mid = tp_test_order::register(5, move |x| l3.lock().unwrap().push(("mid", x)));
+        assert!(tp_test_order::enabled());
+        tp_test_order::trace(7);
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec![("high", 7), ("mid", 7), ("low", 7)]
+        );
+        for id in [low, high, mid] {
+            tp_test_order::TRACEPOINT.unregister(id).unwrap();
+        }
+        assert!(!tp_test_order::enabled());
+        super::synchronize_unregister();
+        tp_test_order::trace(8);
+        assert_eq!(log.lock().unwrap().len(), 3);
+        assert_eq!(
+            tp_test_order::TRACEPOINT.unregister(low),
+            Err(super::ProbeError::NotFound("tp_test_order"))
+        );
+    }
+
+    fn count_len(data: &AtomicUsize, s: &str, n: u32) {
+        data.fetch_add(s.len() * n as usize, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn kernel_style_probes_with_private_data() {
+        let data = Arc::new(AtomicUsize::new(0));
+        tp_test_data::register_with_data(count_len, data.clone(), 0).unwrap();
+        assert_eq!(
+            tp_test_data::register_with_data(count_len, data.clone(), 0),
+            Err(super::ProbeError::Exists("tp_test_data"))
+        );
+        tp_test_data::trace("abc", 2);
+        assert_eq!(data.load(Ordering::Relaxed), 6);
+        tp_test_data::unregister_with_data(count_len, &data).unwrap();
+        super::synchronize_unregister();
+        tp_test_data::trace("abc", 2);
+        assert_eq!(data.load(Ordering::Relaxed), 6);
+        assert!(super::find("tp_test_data").is_some());
+        assert_eq!(
+            super::find("tp_test_data").unwrap().info().args,
+            ["s: &str", "n: u32"]
+        );
+    }
+
+    /// Four threads call the tracepoint while probes come and go; once
+    /// `synchronize_unregister` returns, a removed probe's counter never moves again.
+    #[test]
+    fn no_probe_runs_after_synchronize_unregister() {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let callers: Vec<_> = (0..4)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        tp_test_stress::trace(i);
+                        i += 1;
+                    }
+                    i
+                })
+            })
+            .collect();
+        let mut late_calls = 0;
+        let mut total_calls = 0;
+        for round in 0..200 {
+            let hits = Arc::new(AtomicU64::new(0));
+            let h = hits.clone();
+            let id = tp_test_stress::register(round % 3, move |_| {
+                h.fetch_add(1, Ordering::Relaxed);
+            });
+            while hits.load(Ordering::Relaxed) == 0 {
+                std::hint::spin_loop();
+            }
+            tp_test_stress::TRACEPOINT.unregister(id).unwrap();
+            super::synchronize_unregister();
+            let settled = hits.load(Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            late_calls += hits.load(Ordering::Relaxed) - settled;
+            total_calls += settled;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let calls: u64 = callers.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(calls > 0 && total_calls >= 200);
+        assert_eq!(
+            late_calls, 0,
+            "a probe ran after synchronize_unregister returned"
+        );
+    }
+}
