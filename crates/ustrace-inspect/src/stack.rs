@@ -1,0 +1,164 @@
+//! User stack traces for the `stacktrace` trigger and the `stacktrace` option.
+//!
+//! [`capture`] records the return addresses of the calling thread's stack,
+//! innermost first, the way the kernel's stack-trace entry stores its
+//! `caller[]` array; [`format_kernel_style`] prints them like
+//! `trace_stack_print` does:
+//!
+//! ```text
+//!  => do_work+0x1d/0x60
+//!  => main_loop+0x4a/0x120
+//!  => start+0x12/0x30 [libc.so.6]
+//! ```
+//!
+//! Capturing uses the DWARF unwinder of libgcc_s (`_Unwind_Backtrace`), which
+//! follows `.eh_frame` CFI and so works without frame pointers. On glibc 2.35+
+//! with libgcc 12+ it finds CFI through `_dl_find_object`: no lock, no
+//! allocation. What it can miss:
+//!
+//! - inlined functions (they have no frame of their own);
+//! - a caller replaced by a tail call (the frame is gone before we look);
+//! - code without CFI (hand-written assembly without `.cfi_*`, JIT code), at
+//!   which point the walk stops;
+//! - with an older libgcc the first unwind through an object takes the
+//!   loader lock and may allocate while registering its FDEs.
+//!
+//! [`capture_frame_pointers`] is the fallback that follows saved `rbp` links
+//! with fault-safe reads: it needs code built with frame pointers and skips
+//! (or stops at) functions without them.
+
+use std::ffi::c_void;
+
+use crate::symbols::{Inventory, SymFlags};
+
+#[repr(C)]
+struct UnwindContext {
+    _opaque: [u8; 0],
+}
+
+const URC_NO_REASON: i32 = 0;
+const URC_NORMAL_STOP: i32 = 4;
+
+#[link(name = "gcc_s")]
+extern "C" {
+    fn _Unwind_Backtrace(
+        trace: extern "C" fn(*mut UnwindContext, *mut c_void) -> i32,
+        arg: *mut c_void,
+    ) -> i32;
+    fn _Unwind_GetIP(ctx: *mut UnwindContext) -> usize;
+}
+
+struct Collector<'a> {
+    skip: usize,
+    out: &'a mut [usize],
+    n: usize,
+}
+
+extern "C" fn collect(ctx: *mut UnwindContext, arg: *mut c_void) -> i32 {
+    // SAFETY: arg is the Collector passed by `capture`, alive for the walk;
+    // ctx is the unwinder's valid context for this frame.
+    let c = unsafe { &mut *(arg as *mut Collector<'_>) };
+    // SAFETY: see above.
+    let ip = unsafe { _Unwind_GetIP(ctx) };
+    if ip == 0 {
+        return URC_NORMAL_STOP;
+    }
+    if c.skip > 0 {
+        c.skip -= 1;
+        return URC_NO_REASON;
+    }
+    if c.n == c.out.len() {
+        return URC_NORMAL_STOP;
+    }
+    c.out[c.n] = ip;
+    c.n += 1;
+    URC_NO_REASON
+}
+
+/// Fills `out` with the return addresses of the current thread's stack,
+/// innermost first, after skipping `skip` frames above the caller of
+/// `capture` (with `skip == 0` the first entry is a return address inside the
+/// function that called `capture`). Returns how many entries were written.
+/// No allocation, no lock, no syscall (see the module notes for limits).
+#[inline(never)]
+pub fn capture(skip: usize, out: &mut [usize]) -> usize {
+    if out.is_empty() {
+        return 0;
+    }
+    let mut c = Collector {
+        // The first frame the unwinder reports is `capture` itself.
+        skip: skip + 1,
+        out,
+        n: 0,
+    };
+    // SAFETY: the callback only uses the collector for the duration of the call.
+    unsafe { _Unwind_Backtrace(collect, &mut c as *mut Collector<'_> as *mut c_void) };
+    c.n
+}
+
+/// Like [`capture`], but follows the saved frame-pointer chain with
+/// fault-safe reads instead of CFI. Only frames built with frame pointers
+/// appear; the walk stops at the first link that is not a plausible frame.
+#[inline(never)]
+pub fn capture_frame_pointers(skip: usize, out: &mut [usize]) -> usize {
+    let mut fp: usize;
+    // SAFETY: reading rbp has no side effects.
+    unsafe {
+        std::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags))
+    };
+    let mut skip = skip;
+    let mut n = 0;
+    while n < out.len() && fp != 0 && fp.is_multiple_of(8) {
+        let (Ok(next), Ok(ret)) = (
+            crate::uaccess::read_usize(fp),
+            crate::uaccess::read_usize(fp + 8),
+        ) else {
+            break;
+        };
+        if ret == 0 {
+            break;
+        }
+        if skip > 0 {
+            skip -= 1;
+        } else {
+            out[n] = ret;
+            n += 1;
+        }
+        // Stacks grow down: the caller's frame must be above ours.
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    n
+}
+
+/// Formats `addrs` as the kernel's stack-trace entry does with the
+/// `sym-offset` option set: one ` => name+0xoff/0xsize` line per address
+/// (` [object]` appended outside the main executable, `0x...` when unknown).
+/// The `<stack trace>` header belongs to the event line and is not included.
+pub fn format_kernel_style(inv: &Inventory, addrs: &[usize]) -> String {
+    format_with_flags(
+        inv,
+        addrs,
+        SymFlags {
+            offset: true,
+            addr: false,
+        },
+    )
+}
+
+/// Formats `addrs` as `trace_stack_print` does for the given trace options:
+/// with neither option (the kernel default) lines are ` => name`.
+pub fn format_with_flags(inv: &Inventory, addrs: &[usize], flags: SymFlags) -> String {
+    let mut s = String::with_capacity(addrs.len() * 40);
+    for &a in addrs {
+        if a == usize::MAX {
+            break;
+        }
+        s.push_str(" => ");
+        inv.write_ip_sym(&mut s, a, flags);
+        s.push('\n');
+    }
+    s
+}
