@@ -1,0 +1,80 @@
+//! x86_64 back end: code patching, prologue relocation, trampolines and the register frame.
+
+mod text_poke;
+
+pub(crate) use text_poke::text_lock;
+#[allow(unused_imports)]
+pub(crate) use text_poke::{membarrier_all, membarrier_init, moved_threads, read_text};
+
+use std::sync::MutexGuard;
+
+use crate::static_key::JumpEntry;
+use crate::Error;
+
+/// The jump table of this link unit, located through weak references to the linker-made
+/// `__start_`/`__stop_` symbols (null when no site was linked in).
+pub(crate) fn jump_table() -> &'static [JumpEntry] {
+    let (start, stop): (usize, usize);
+    // SAFETY: two loads from the GOT; weak undefined symbols resolve to 0.
+    unsafe {
+        std::arch::asm!(
+            ".weak __start_ustrace_jump_table",
+            ".weak __stop_ustrace_jump_table",
+            "mov {0}, qword ptr [rip + __start_ustrace_jump_table@GOTPCREL]",
+            "mov {1}, qword ptr [rip + __stop_ustrace_jump_table@GOTPCREL]",
+            out(reg) start,
+            out(reg) stop,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+    if start == 0 || stop <= start {
+        return &[];
+    }
+    let n = (stop - start) / std::mem::size_of::<JumpEntry>();
+    // SAFETY: the linker brackets the section exactly; entries are 24-byte, 8-aligned records.
+    unsafe { std::slice::from_raw_parts(start as *const JumpEntry, n) }
+}
+
+const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+
+fn jmp_rel32(from: usize, to: usize) -> Result<[u8; 5], Error> {
+    let rel = (to as i64).wrapping_sub(from as i64 + 5);
+    let rel = i32::try_from(rel)
+        .map_err(|_| Error::Patch(format!("jump from {from:#x} to {to:#x} exceeds rel32")))?;
+    let b = rel.to_le_bytes();
+    Ok([0xe9, b[0], b[1], b[2], b[3]])
+}
+
+/// Rewrites every given jump-label site to `jmp target` (on) or the 5-byte NOP (off).
+pub(crate) fn patch_jump_labels(
+    sites: &[JumpEntry],
+    on: bool,
+    guard: &MutexGuard<'static, ()>,
+) -> Result<(), Error> {
+    let mut pokes = Vec::with_capacity(sites.len());
+    for e in sites {
+        let jmp = jmp_rel32(e.site, e.target)?;
+        let mut cur = [0u8; 5];
+        read_text(e.site, &mut cur)?;
+        let (want_old, new) = if on { (NOP5, jmp) } else { (jmp, NOP5) };
+        if cur == new {
+            continue;
+        }
+        if cur != want_old {
+            return Err(Error::Patch(format!(
+                "jump label site {:#x} holds {cur:02x?}, expected {want_old:02x?}",
+                e.site
+            )));
+        }
+        // A thread trapping on the int3 emulates the new instruction.
+        let resume = if on { e.target } else { e.site + 5 };
+        pokes.push(text_poke::Poke {
+            addr: e.site,
+            new: new.to_vec(),
+            trap_resume: resume,
+            final_resume: resume,
+            interior: Vec::new(),
+        });
+    }
+    text_poke::poke_batch(&pokes, guard)
+}

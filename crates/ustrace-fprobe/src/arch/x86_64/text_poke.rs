@@ -1,0 +1,514 @@
+//! Cross-modifying code while other threads run: the kernel's `text_poke_bp` protocol in user space.
+//!
+//! Every change to executable bytes in this crate (fprobe jumps, static-key branches) goes through
+//! [`poke_batch`]. One batch patches any number of sites with one set of serialisations:
+//!
+//! ```text
+//!   site bytes      step                                    who may execute the site meanwhile
+//!   ------------    -------------------------------------   -----------------------------------
+//!   o0 o1 o2 o3 o4  1. publish trap route, write int3        old code, or int3 -> SIGTRAP handler
+//!   CC o1 o2 o3 o4  2. membarrier(SYNC_CORE)                 every core now sees the int3
+//!   CC o1 o2 o3 o4  3. rendezvous (only for multi-insn        threads parked *inside* the old bytes
+//!                      replacements): signal every thread,   are moved to the relocated copy
+//!                      move any thread found mid-prologue
+//!   CC n1 n2 n3 n4  4. write the tail, membarrier(SYNC_CORE)  int3 still guards the site
+//!   n0 n1 n2 n3 n4  5. write the first byte, membarrier      new code; a late int3 fetch still traps
+//!                   6. publish the final trap route          and is routed to the new target
+//! ```
+//!
+//! The SIGTRAP handler looks the trapping address up in a lock-free open-addressing table
+//! ([`TrapTable`]) whose entries are never removed, so a thread that fetched the int3 just before
+//! step 5 (or is being delivered the signal late) is still sent to the right place. Traps on
+//! addresses that are not ours are handed to the previously installed handler, or re-executed under
+//! the default disposition.
+//!
+//! Bytes are written through `/proc/self/mem`, which the kernel lets a process use to write its own
+//! read-only text without changing page protections (no W+X window, no `mprotect` races between
+//! two patches of one page).
+//!
+//! The rendezvous (step 3) exists because a multi-instruction prologue replaced by one `jmp rel32`
+//! leaves instruction boundaries inside the new bytes: a thread that was preempted between two
+//! prologue instructions would resume in the middle of the `jmp`. Each thread is sent a real-time
+//! signal; its handler inspects the interrupted `rip` and, if it lies strictly inside a patched
+//! range, rewrites it to the matching instruction of the relocated prologue (which ends with a jump
+//! back past the patched range). A thread that does not answer in time is accepted only when
+//! `/proc/self/task/TID/stat` shows it blocked in the kernel (its `rip` then sits after a `syscall`
+//! instruction, which is never part of a relocatable prologue); otherwise the batch is rolled back.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::Error;
+
+/// Serialises every text modification in the process (the kernel's `text_mutex`).
+static TEXT_MUTEX: Mutex<()> = Mutex::new(());
+
+/// Takes the text mutex; poisoning is ignored because a panic while holding it leaves no
+/// half-written code (every step is re-done from the table on the next batch).
+pub(crate) fn text_lock() -> MutexGuard<'static, ()> {
+    TEXT_MUTEX.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const TRAP_SLOTS: usize = 1 << 16;
+
+/// Lock-free map from a patched address to where a thread that traps on its int3 must resume.
+/// Written only under the text mutex; read from the SIGTRAP handler.
+struct TrapTable {
+    keys: [AtomicUsize; TRAP_SLOTS],
+    resume: [AtomicUsize; TRAP_SLOTS],
+}
+
+static TRAPS: TrapTable = TrapTable {
+    keys: [const { AtomicUsize::new(0) }; TRAP_SLOTS],
+    resume: [const { AtomicUsize::new(0) }; TRAP_SLOTS],
+};
+static TRAP_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+fn trap_hash(addr: usize) -> usize {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) & (TRAP_SLOTS - 1)
+}
+
+/// Publishes the resume address for traps at `addr`. Caller holds the text mutex.
+fn trap_set(addr: usize, resume: usize) -> Result<(), Error> {
+    let mut i = trap_hash(addr);
+    for _ in 0..TRAP_SLOTS {
+        let key = TRAPS.keys[i].load(Ordering::Acquire);
+        if key == addr {
+            TRAPS.resume[i].store(resume, Ordering::Release);
+            return Ok(());
+        }
+        if key == 0 {
+            if TRAP_COUNT.load(Ordering::Relaxed) >= TRAP_SLOTS * 3 / 4 {
+                return Err(Error::TooManySites);
+            }
+            // Resume first, key second: a reader that sees the key sees a valid resume address.
+            TRAPS.resume[i].store(resume, Ordering::Release);
+            TRAPS.keys[i].store(addr, Ordering::Release);
+            TRAP_COUNT.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        i = (i + 1) & (TRAP_SLOTS - 1);
+    }
+    Err(Error::TooManySites)
+}
+
+/// Async-signal-safe lookup used by the SIGTRAP handler.
+fn trap_get(addr: usize) -> Option<usize> {
+    let mut i = trap_hash(addr);
+    for _ in 0..TRAP_SLOTS {
+        let key = TRAPS.keys[i].load(Ordering::Acquire);
+        if key == addr {
+            return Some(TRAPS.resume[i].load(Ordering::Acquire));
+        }
+        if key == 0 {
+            return None;
+        }
+        i = (i + 1) & (TRAP_SLOTS - 1);
+    }
+    None
+}
+
+/// One replacement of the bytes at `addr`.
+pub(crate) struct Poke {
+    pub addr: usize,
+    /// New bytes, 1..=15 of them.
+    pub new: Vec<u8>,
+    /// Where a thread that hits the int3 goes while the batch is in flight (it must behave like
+    /// either the old or the new code).
+    pub trap_resume: usize,
+    /// Where a late trap goes once the new bytes are in place (behaves like the new code).
+    pub final_resume: usize,
+    /// For multi-instruction replacements: (old instruction address, equivalent address in the
+    /// relocated copy) for every instruction boundary strictly inside `addr..addr+new.len()`.
+    pub interior: Vec<(usize, usize)>,
+}
+
+fn proc_mem() -> Result<&'static File, Error> {
+    static MEM: OnceLock<Result<File, String>> = OnceLock::new();
+    MEM.get_or_init(|| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/proc/self/mem")
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| Error::Unsupported(format!("cannot open /proc/self/mem for text writes: {e}")))
+}
+
+/// Writes code bytes; the caller guarantees no thread can execute `addr..addr+bytes.len()` in a
+/// way that observes a partial write (int3 guard or single byte).
+fn write_text(addr: usize, bytes: &[u8]) -> Result<(), Error> {
+    let mem = proc_mem()?;
+    mem.write_all_at(bytes, addr as u64)
+        .map_err(|e| Error::Patch(format!("writing {} bytes at {addr:#x}: {e}", bytes.len())))
+}
+
+/// Reads current code bytes (through /proc/self/mem so unmapped addresses give an error, not a
+/// fault).
+pub(crate) fn read_text(addr: usize, out: &mut [u8]) -> Result<(), Error> {
+    let mem = proc_mem()?;
+    mem.read_exact_at(out, addr as u64)
+        .map_err(|e| Error::Patch(format!("reading {} bytes at {addr:#x}: {e}", out.len())))
+}
+
+#[allow(dead_code)] // used by the fprobe core
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 8;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 16;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 32;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 64;
+
+fn membarrier(cmd: libc::c_long) -> libc::c_long {
+    // SAFETY: membarrier takes two integers and touches no user memory.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            cmd,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    }
+}
+
+/// Registers the process for both expedited membarrier flavours, once.
+pub(crate) fn membarrier_init() -> Result<(), Error> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        if membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) != 0 {
+            return Err(format!(
+                "membarrier(REGISTER_PRIVATE_EXPEDITED_SYNC_CORE): {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        if membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0 {
+            return Err(format!(
+                "membarrier(REGISTER_PRIVATE_EXPEDITED): {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    })
+    .clone()
+    .map_err(Error::Unsupported)
+}
+
+/// Every thread of the process executes a core-serialising instruction before this returns.
+fn sync_core() {
+    let r = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE);
+    assert_eq!(r, 0, "membarrier sync_core failed after registration");
+    // The calling thread serialises itself too.
+    // SAFETY: cpuid has no memory effects; rbx is saved because LLVM reserves it.
+    unsafe {
+        std::arch::asm!("push rbx", "xor eax, eax", "cpuid", "pop rbx", out("eax") _, out("ecx") _, out("edx") _);
+    }
+}
+
+/// Full memory barrier on every running thread of the process (the writer side of the
+/// asymmetric-fence quiescence scheme in `dispatch`).
+#[allow(dead_code)] // used by the fprobe core
+pub(crate) fn membarrier_all() {
+    let r = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
+    assert_eq!(
+        r, 0,
+        "membarrier private_expedited failed after registration"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIGTRAP routing
+
+static OLD_SIGTRAP: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+static TRAP_INSTALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
+    let uc = uctx.cast::<libc::ucontext_t>();
+    // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler.
+    let rip = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] } as usize;
+    if let Some(resume) = trap_get(rip.wrapping_sub(1)) {
+        // SAFETY: as above; rewriting rip is how a handler redirects the interrupted thread.
+        unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = resume as i64 };
+        return;
+    }
+    let old = OLD_SIGTRAP.load(Ordering::Acquire);
+    if !old.is_null() {
+        // SAFETY: `old` was filled by sigaction and is never freed.
+        let old = unsafe { &*old };
+        let h = old.sa_sigaction;
+        if h != libc::SIG_DFL && h != libc::SIG_IGN {
+            if old.sa_flags & libc::SA_SIGINFO != 0 {
+                // SAFETY: the previous handler was installed with SA_SIGINFO, so it takes this signature.
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(h) };
+                f(sig, info, uctx);
+            } else {
+                // SAFETY: a plain handler takes only the signal number.
+                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+                f(sig);
+            }
+            return;
+        }
+        if h == libc::SIG_IGN {
+            return;
+        }
+    }
+    // Not ours and no handler: re-run the trapping int3 under the default action (core dump).
+    // SAFETY: resetting a disposition is async-signal-safe; rip-1 is the int3 that trapped.
+    unsafe {
+        libc::signal(libc::SIGTRAP, libc::SIG_DFL);
+        (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = (rip - 1) as i64;
+    }
+}
+
+fn install_handlers() -> Result<(), Error> {
+    if TRAP_INSTALLED.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    // SAFETY: sigaction with a zeroed struct filled field by field is the documented use; the
+    // old action is leaked on purpose so the handler may read it forever.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigtrap as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        let old = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
+        if libc::sigaction(libc::SIGTRAP, &sa, old) != 0 {
+            return Err(Error::Unsupported(format!(
+                "sigaction(SIGTRAP): {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        OLD_SIGTRAP.store(old, Ordering::Release);
+
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_rendezvous as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(rendezvous_signal(), &sa, std::ptr::null_mut()) != 0 {
+            return Err(Error::Unsupported(format!(
+                "sigaction(SIGRTMAX-5): {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    TRAP_INSTALLED.store(true, Ordering::Release);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendezvous: make sure no thread sits inside a range that is about to become a `jmp`.
+
+/// The real-time signal used for the rendezvous (SIGRTMAX-5, documented in the crate docs).
+pub(crate) fn rendezvous_signal() -> libc::c_int {
+    libc::SIGRTMAX() - 5
+}
+
+struct RendezvousPlan {
+    /// Sorted (old address, relocated address) pairs for every interior boundary of the batch.
+    moves: Vec<(usize, usize)>,
+    /// Thread ids asked to answer, and whether each has answered.
+    tids: Vec<(AtomicI32, AtomicBool)>,
+}
+
+static PLAN: AtomicPtr<RendezvousPlan> = AtomicPtr::new(std::ptr::null_mut());
+static MOVED_THREADS: AtomicU32 = AtomicU32::new(0);
+
+/// Number of threads the rendezvous found parked inside a prologue and moved (for tests/stats).
+#[allow(dead_code)] // used by the fprobe core
+pub(crate) fn moved_threads() -> u32 {
+    MOVED_THREADS.load(Ordering::Relaxed)
+}
+
+extern "C" fn on_rendezvous(
+    _sig: libc::c_int,
+    _info: *mut libc::siginfo_t,
+    uctx: *mut libc::c_void,
+) {
+    let plan = PLAN.load(Ordering::Acquire);
+    if plan.is_null() {
+        return; // a late signal from a finished round
+    }
+    // SAFETY: the plan stays alive until every thread it names answered or was ruled out, and
+    // its owner unpublishes it before freeing it; a handler that loaded it before unpublishing is
+    // waited for because it had not answered yet.
+    let plan = unsafe { &*plan };
+    let uc = uctx.cast::<libc::ucontext_t>();
+    // SAFETY: valid ucontext from the kernel.
+    let rip = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] } as usize;
+    if let Ok(i) = plan.moves.binary_search_by_key(&rip, |m| m.0) {
+        // SAFETY: redirecting the interrupted thread to the equivalent relocated instruction.
+        unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = plan.moves[i].1 as i64 };
+        MOVED_THREADS.fetch_add(1, Ordering::Relaxed);
+    }
+    // SAFETY: gettid has no arguments.
+    let me = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+    for (tid, answered) in &plan.tids {
+        if tid.load(Ordering::Relaxed) == me {
+            answered.store(true, Ordering::Release);
+        }
+    }
+}
+
+fn list_threads() -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for e in dir.flatten() {
+            if let Some(t) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+/// True when the thread is blocked in the kernel (or gone), so its user rip cannot be inside a
+/// relocatable prologue.
+fn thread_is_parked_in_kernel(tid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) {
+        Err(_) => true, // exited
+        Ok(s) => {
+            let state = s
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            matches!(state, Some('S' | 'D' | 'T' | 't' | 'Z' | 'X' | 'I'))
+        }
+    }
+}
+
+fn rendezvous(mut moves: Vec<(usize, usize)>) -> Result<(), Error> {
+    moves.sort_unstable();
+    // SAFETY: gettid/getpid take no arguments.
+    let (me, pid) = unsafe { (libc::syscall(libc::SYS_gettid) as i32, libc::getpid()) };
+    let tids: Vec<i32> = list_threads().into_iter().filter(|&t| t != me).collect();
+    let plan = Box::new(RendezvousPlan {
+        moves,
+        tids: tids
+            .iter()
+            .map(|&t| (AtomicI32::new(t), AtomicBool::new(false)))
+            .collect(),
+    });
+    let plan_ptr = Box::into_raw(plan);
+    PLAN.store(plan_ptr, Ordering::Release);
+    // SAFETY: plan_ptr is live until we free it below.
+    let plan = unsafe { &*plan_ptr };
+    for (tid, answered) in &plan.tids {
+        // SAFETY: tgkill with our own pid and a thread id read from /proc.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_tgkill,
+                pid,
+                tid.load(Ordering::Relaxed),
+                rendezvous_signal(),
+            )
+        };
+        if r != 0 {
+            answered.store(true, Ordering::Release); // ESRCH: the thread is gone
+        }
+    }
+    let start = Instant::now();
+    let mut result = Ok(());
+    loop {
+        let pending: Vec<i32> = plan
+            .tids
+            .iter()
+            .filter(|(_, a)| !a.load(Ordering::Acquire))
+            .map(|(t, _)| t.load(Ordering::Relaxed))
+            .collect();
+        if pending.is_empty() {
+            break;
+        }
+        let waited = start.elapsed();
+        if waited > Duration::from_millis(50)
+            && pending.iter().all(|&t| thread_is_parked_in_kernel(t))
+        {
+            // Every silent thread is blocked in a syscall (signal blocked): safe, see module doc.
+            // Keep the plan published: when they unblock they may still run the handler.
+            break;
+        }
+        if waited > Duration::from_secs(2) {
+            result = Err(Error::Patch(format!(
+                "threads {pending:?} did not answer the patch rendezvous (signal {} blocked while running?)",
+                rendezvous_signal()
+            )));
+            break;
+        }
+        std::thread::yield_now();
+    }
+    // The plan is leaked when some thread may still read it later; it is small.
+    let all_answered = plan.tids.iter().all(|(_, a)| a.load(Ordering::Acquire));
+    PLAN.store(std::ptr::null_mut(), Ordering::Release);
+    if all_answered {
+        // SAFETY: every handler that could hold the pointer has already answered (the answer is
+        // its last access) and the pointer is unpublished.
+        drop(unsafe { Box::from_raw(plan_ptr) });
+    }
+    result
+}
+
+/// Applies a batch of pokes with the int3 protocol. Caller holds [`text_lock`].
+pub(crate) fn poke_batch(pokes: &[Poke], _guard: &MutexGuard<'static, ()>) -> Result<(), Error> {
+    if pokes.is_empty() {
+        return Ok(());
+    }
+    membarrier_init()?;
+    install_handlers()?;
+    let mut olds: Vec<u8> = Vec::with_capacity(pokes.len());
+    for p in pokes {
+        assert!(
+            !p.new.is_empty() && p.new.len() <= 15,
+            "poke length {}",
+            p.new.len()
+        );
+        let mut b = [0u8; 1];
+        read_text(p.addr, &mut b)?;
+        olds.push(b[0]);
+        trap_set(p.addr, p.trap_resume)?;
+    }
+    // Step 1: int3 on every site.
+    let mut armed = 0;
+    let mut err = None;
+    for p in pokes {
+        if let Err(e) = write_text(p.addr, &[0xCC]) {
+            err = Some(e);
+            break;
+        }
+        armed += 1;
+    }
+    sync_core();
+    if err.is_none() {
+        let moves: Vec<(usize, usize)> = pokes
+            .iter()
+            .flat_map(|p| p.interior.iter().copied())
+            .collect();
+        if !moves.is_empty() {
+            if let Err(e) = rendezvous(moves) {
+                err = Some(e);
+            }
+        }
+    }
+    if let Some(e) = err {
+        for (p, old) in pokes.iter().zip(&olds).take(armed) {
+            let _ = write_text(p.addr, &[*old]);
+        }
+        sync_core();
+        return Err(e);
+    }
+    // Step 4: the tails.
+    for p in pokes {
+        if p.new.len() > 1 {
+            write_text(p.addr + 1, &p.new[1..])?;
+        }
+    }
+    sync_core();
+    // Step 5: the first bytes.
+    for p in pokes {
+        write_text(p.addr, &p.new[..1])?;
+    }
+    sync_core();
+    for p in pokes {
+        trap_set(p.addr, p.final_resume)?;
+    }
+    Ok(())
+}
