@@ -169,29 +169,12 @@ fn build_time_is_well_under_a_second() {
 
 #[test]
 fn dlopened_library_appears() {
-    let dir = std::env::temp_dir().join(format!("ustrace-inspect-dl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("probe.c");
-    let lib = dir.join("libustrace_probe.so");
-    std::fs::write(
-        &src,
-        "int ustrace_dl_probe_fn(int x) { return x * 3 + 1; }\n\
-         __attribute__((noinline)) static int helper(int x) { return x ^ 5; }\n\
-         int ustrace_dl_probe_other(int x) { return helper(x) + 2; }\n",
-    )
-    .unwrap();
-    let status = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O0", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status();
-    match status {
-        Ok(s) if s.success() => {}
-        other => {
-            eprintln!("skipped: cannot build a shared library with cc: {other:?}");
-            return;
-        }
-    }
+    let src = "int ustrace_dl_probe_fn(int x) { return x * 3 + 1; }\n\
+               __attribute__((noinline)) static int helper(int x) { return x ^ 5; }\n\
+               int ustrace_dl_probe_other(int x) { return helper(x) + 2; }\n";
+    let Some((dir, lib)) = build_shared("dl", src, &[]) else {
+        return;
+    };
     let before = symbols::inventory();
     assert!(before.find("ustrace_dl_probe_fn").is_empty());
     let cpath = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
@@ -205,13 +188,90 @@ fn dlopened_library_appears() {
     let found = after.find("ustrace_dl_probe_fn");
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].addr, f);
-    assert!(found[0].object.ends_with("libustrace_probe.so"));
+    assert!(found[0].object.ends_with("libustrace_dl.so"));
     assert!(after
         .available_filter_functions()
         .lines()
-        .any(|l| l == "ustrace_dl_probe_fn [libustrace_probe.so]"));
+        .any(|l| l == "ustrace_dl_probe_fn [libustrace_dl.so]"));
     // The static helper comes from .symtab (the library is not stripped).
     assert!(!after.find("helper").is_empty());
     assert_eq!(after.glob("ustrace_dl_probe_*").len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Builds `src` into a shared library in a fresh temp dir; `None` (after
+/// printing why) when no C compiler is available.
+fn build_shared(
+    tag: &str,
+    src: &str,
+    extra: &[&str],
+) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let dir = std::env::temp_dir().join(format!("ustrace-inspect-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join("lib.c");
+    let lib = dir.join(format!("libustrace_{tag}.so"));
+    std::fs::write(&c, src).unwrap();
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O0"])
+        .args(extra)
+        .arg("-o")
+        .arg(&lib)
+        .arg(&c)
+        .status();
+    match status {
+        Ok(s) if s.success() => Some((dir, lib)),
+        other => {
+            eprintln!("skipped: cannot build a shared library with cc: {other:?}");
+            None
+        }
+    }
+}
+
+#[test]
+fn stripped_library_uses_dynsym_and_sizes_ifunc_from_eh_frame() {
+    let src = r#"
+        static int impl_fast(int x) { return x + 100; }
+        static int impl_slow(int x) { int r = x; for (int i = 0; i < 100; i++) r += 1; return r; }
+        static void *pick(void) { return (void *)impl_fast; }
+        int ustrace_ifunc_fn(int) __attribute__((ifunc("pick")));
+        int ustrace_stripped_plain(int x) { return x * 2; }
+        void *ustrace_keep_slow(void) { return (void *)impl_slow; }
+    "#;
+    let Some((dir, lib)) = build_shared("stripped", src, &["-s"]) else {
+        return;
+    };
+    let cpath = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
+    // SAFETY: loading a library we just built; the ifunc resolver is trivial.
+    let h = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null());
+    // SAFETY: valid handle and names.
+    let (ifunc_target, plain) = unsafe {
+        (
+            libc::dlsym(h, c"ustrace_ifunc_fn".as_ptr()) as usize,
+            libc::dlsym(h, c"ustrace_stripped_plain".as_ptr()) as usize,
+        )
+    };
+    let inv = symbols::inventory();
+    let obj = inv
+        .objects()
+        .iter()
+        .find(|o| o.path.ends_with("libustrace_stripped.so"))
+        .expect("object listed");
+    assert_eq!(obj.source, symbols::SymbolSource::Dynsym);
+    let p = inv.find("ustrace_stripped_plain");
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].addr, plain);
+    // Static functions are gone with .symtab.
+    assert!(inv.find("impl_slow").is_empty());
+    let f = inv.find("ustrace_ifunc_fn");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].ifunc);
+    assert_eq!(f[0].addr, ifunc_target);
+    // impl_fast at -O0 is a handful of instructions; the FDE gives its exact extent.
+    assert!(f[0].size > 4 && f[0].size < 64, "size {}", f[0].size);
+    assert_eq!(
+        inv.lookup(ifunc_target + 1).unwrap().0.name,
+        "ustrace_ifunc_fn"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
