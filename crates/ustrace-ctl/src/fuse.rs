@@ -1,0 +1,806 @@
+//! The FUSE door: a process's tracefs mounted on a directory, over its control socket.
+//!
+//! The kernel hands FUSE requests (by inode number) to [`fuser`]; this adapter turns them into
+//! control-socket calls (by path), so `echo 1 > DIR/events/.../enable` and `cat DIR/trace` act
+//! on the remote tracefs exactly as on the kernel's:
+//!
+//! ```text
+//!   sh: echo x > DIR/f ──► kernel FUSE ──► Adapter::open(ino, O_WRONLY|O_TRUNC)
+//!                                            │  ino → "f" (inode table)
+//!                                            ▼
+//!                              Client (one connection per open file) ──► control socket
+//!   write error: Invalid argument ◄── errno in the Write reply, passed through unchanged
+//! ```
+//!
+//! Choices that make it behave like tracefs:
+//! - every file is opened `direct_io`, so a file whose size reads 0 is still read to its end,
+//!   and each write(2) reaches the tracefs as one write;
+//! - `O_TRUNC` arrives atomically with the open (`FUSE_ATOMIC_O_TRUNC`), `O_APPEND` as a flag;
+//! - stream reads (`trace_pipe`) block on a thread of their own, in slices; between slices the
+//!   reader checks whether the reading thread has a signal pending (read from
+//!   `/proc/<tid>/status`), and answers `EINTR` so Ctrl-C ends a blocked `cat`. fuser answers
+//!   FUSE_INTERRUPT with ENOSYS, after which the kernel waits for our answer; this check is
+//!   what lets the answer come;
+//! - the mount's source (fsname) is `tracefs`, which is what tools scanning /proc/mounts
+//!   look for;
+//! - a mount whose server was killed leaves the directory answering `ENOTCONN`;
+//!   [`cleanup_stale`] detaches it (`umount2(MNT_DETACH)`), and [`Mount::spawn`] calls it first.
+
+use crate::client::{Client, CtlError};
+use crate::vfs::{DirEntry, Errno, FileKind, OpenFlags, Stat};
+use fuser::{
+    Config, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, SessionACL, WriteFlags,
+};
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Attributes are not cached by the kernel: tracefs entries come and go (instances, events).
+const TTL: Duration = Duration::ZERO;
+/// One wait for stream data before the pending-signal check.
+const STREAM_POLL: Duration = Duration::from_millis(100);
+/// Idle connections kept for reuse.
+const POOL_SIZE: usize = 8;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn ferr(e: Errno) -> fuser::Errno {
+    fuser::Errno::from_i32(e.0)
+}
+
+fn cerr(e: &CtlError) -> fuser::Errno {
+    ferr(e.errno())
+}
+
+/// Two-way map between inode numbers and tracefs paths. Numbers are never reused, so a stale
+/// inode can only ever name the path it was given for.
+struct Inodes {
+    by_path: HashMap<String, u64>,
+    paths: HashMap<u64, String>,
+    next: u64,
+}
+
+impl Inodes {
+    fn new() -> Inodes {
+        let mut i = Inodes {
+            by_path: HashMap::new(),
+            paths: HashMap::new(),
+            next: 2,
+        };
+        i.by_path.insert(String::new(), 1);
+        i.paths.insert(1, String::new());
+        i
+    }
+    fn ino(&mut self, path: &str) -> u64 {
+        if let Some(ino) = self.by_path.get(path) {
+            return *ino;
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.by_path.insert(path.to_owned(), ino);
+        self.paths.insert(ino, path.to_owned());
+        ino
+    }
+    fn path(&self, ino: u64) -> Option<String> {
+        self.paths.get(&ino).cloned()
+    }
+}
+
+fn join(parent: &str, name: &OsStr) -> Result<String, fuser::Errno> {
+    let name = name.to_str().ok_or(fuser::Errno::ENOENT)?;
+    if name == ".." || name == "." || name.contains('/') {
+        return Err(fuser::Errno::EINVAL);
+    }
+    Ok(if parent.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{parent}/{name}")
+    })
+}
+
+/// A file opened through the mount: its own connection, and for snapshot files the bytes
+/// read so far, so reads at any offset below the end are answered without going back.
+struct OpenRemote {
+    client: Client,
+    handle: u64,
+    stream: bool,
+    nonblock: bool,
+    cache: Vec<u8>,
+    eof: bool,
+}
+
+struct Adapter {
+    socket: PathBuf,
+    pool: Mutex<Vec<Client>>,
+    inodes: Mutex<Inodes>,
+    files: Mutex<HashMap<u64, Arc<Mutex<OpenRemote>>>>,
+    next_fh: AtomicU64,
+    uid: u32,
+    gid: u32,
+    stopping: Arc<AtomicBool>,
+}
+
+/// Whether thread `tid` has a signal pending that it does not block: the kernel is then
+/// waiting for us to finish the request so it can deliver it.
+fn signal_pending(tid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        // The thread is gone: nobody waits for this answer any more.
+        return true;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let pending = field("SigPnd:") | field("ShdPnd:");
+    let blocked = field("SigBlk:");
+    // SIGKILL (bit 8) is never blockable; a fatal signal is turned into it for the group.
+    pending & (!blocked | 1 << (libc::SIGKILL - 1)) != 0
+}
+
+impl Adapter {
+    fn client(&self) -> Result<Client, fuser::Errno> {
+        if let Some(c) = lock(&self.pool).pop() {
+            return Ok(c);
+        }
+        Client::connect_path(&self.socket).map_err(|_| fuser::Errno::from_i32(libc::ENOTCONN))
+    }
+
+    fn give_back(&self, client: Client) {
+        let mut pool = lock(&self.pool);
+        if pool.len() < POOL_SIZE {
+            pool.push(client);
+        }
+    }
+
+    /// Runs one call on a pooled connection; a connection that failed at the transport level
+    /// is dropped rather than reused.
+    fn with_client<T>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, CtlError>,
+    ) -> Result<T, fuser::Errno> {
+        let mut client = self.client()?;
+        let result = f(&mut client);
+        match &result {
+            Err(CtlError::Io(_)) | Err(CtlError::Protocol(_)) => {}
+            _ => self.give_back(client),
+        }
+        result.map_err(|e| cerr(&e))
+    }
+
+    fn path(&self, ino: INodeNo) -> Result<String, fuser::Errno> {
+        lock(&self.inodes).path(ino.0).ok_or(fuser::Errno::ENOENT)
+    }
+
+    fn attr(&self, ino: u64, st: Stat) -> FileAttr {
+        let kind = match st.kind {
+            FileKind::Dir => FileType::Directory,
+            FileKind::File => FileType::RegularFile,
+        };
+        let now = SystemTime::now();
+        FileAttr {
+            ino: INodeNo(ino),
+            size: 0,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            kind,
+            perm: (st.mode & 0o7777) as u16,
+            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn entry(&self, path: &str) -> Result<FileAttr, fuser::Errno> {
+        let st = self.with_client(|c| c.stat(path))?;
+        let ino = lock(&self.inodes).ino(path);
+        Ok(self.attr(ino, st))
+    }
+
+    fn file(&self, fh: FileHandle) -> Result<Arc<Mutex<OpenRemote>>, fuser::Errno> {
+        lock(&self.files)
+            .get(&fh.0)
+            .cloned()
+            .ok_or(fuser::Errno::EBADF)
+    }
+}
+
+fn open_flags(flags: i32) -> OpenFlags {
+    let acc = flags & libc::O_ACCMODE;
+    OpenFlags {
+        read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
+        write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+        truncate: flags & libc::O_TRUNC != 0,
+        append: flags & libc::O_APPEND != 0,
+        nonblock: flags & libc::O_NONBLOCK != 0,
+    }
+}
+
+/// Answers one stream read, waiting in slices until data, a signal for the reader, or the
+/// mount going away.
+fn stream_read(
+    file: Arc<Mutex<OpenRemote>>,
+    size: u32,
+    tid: u32,
+    stopping: Arc<AtomicBool>,
+    reply: ReplyData,
+) {
+    let mut f = lock(&file);
+    let handle = f.handle;
+    let wait = if f.nonblock {
+        Duration::ZERO
+    } else {
+        STREAM_POLL
+    };
+    loop {
+        match f.client.read(handle, size, Some(wait)) {
+            Ok(data) => return reply.data(&data),
+            Err(CtlError::Remote { errno, .. }) if errno == Errno::EAGAIN => {
+                if f.nonblock {
+                    return reply.error(fuser::Errno::EAGAIN);
+                }
+                if stopping.load(Ordering::SeqCst) || signal_pending(tid) {
+                    return reply.error(fuser::Errno::EINTR);
+                }
+            }
+            Err(e) => return reply.error(cerr(&e)),
+        }
+    }
+}
+
+impl Filesystem for Adapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Without this the kernel truncates with setattr(size=0) and opens without O_TRUNC,
+        // and `trace` would never learn it is being cleared.
+        if config
+            .add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC)
+            .is_err()
+        {
+            return Err(io::Error::other("the kernel's FUSE lacks atomic O_TRUNC"));
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let result = self
+            .path(parent)
+            .and_then(|p| join(&p, name))
+            .and_then(|p| self.entry(&p));
+        match result {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self
+            .path(ino)
+            .and_then(|p| self.with_client(|c| c.stat(&p)))
+        {
+            Ok(st) => reply.attr(&TTL, &self.attr(ino.0, st)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // Truncation arrives with the open (atomic O_TRUNC); timestamps and modes of tracefs
+        // files are not settable. Answer with the attributes as they are, as tracefs does for
+        // a shell's `: > file`.
+        match self
+            .path(ino)
+            .and_then(|p| self.with_client(|c| c.stat(&p)))
+        {
+            Ok(st) => reply.attr(&TTL, &self.attr(ino.0, st)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let result = self
+            .path(parent)
+            .and_then(|p| join(&p, name))
+            .and_then(|p| {
+                self.with_client(|c| c.mkdir(&p))?;
+                self.entry(&p)
+            });
+        match result {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = self
+            .path(parent)
+            .and_then(|p| join(&p, name))
+            .and_then(|p| self.with_client(|c| c.rmdir(&p)));
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(fuser::Errno::EPERM);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        // tracefs has no create: the kernel answers a redirect to a new name with EACCES.
+        reply.error(fuser::Errno::EACCES);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: fuser::OpenFlags, reply: ReplyOpen) {
+        let flags = open_flags(flags.0);
+        let opened = (|| {
+            let path = self.path(ino)?;
+            let mut client = self.client()?;
+            let remote = client.open(&path, flags).map_err(|e| cerr(&e))?;
+            Ok::<_, fuser::Errno>(OpenRemote {
+                client,
+                handle: remote.handle,
+                stream: remote.stream,
+                nonblock: flags.nonblock,
+                cache: Vec::new(),
+                eof: false,
+            })
+        })();
+        match opened {
+            Ok(file) => {
+                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+                let mut fopen = FopenFlags::FOPEN_DIRECT_IO;
+                if file.stream {
+                    fopen |= FopenFlags::FOPEN_NONSEEKABLE;
+                }
+                lock(&self.files).insert(fh, Arc::new(Mutex::new(file)));
+                reply.opened(FileHandle(fh), fopen);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn read(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let file = match self.file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        if lock(&file).stream {
+            let (tid, stopping) = (req.pid(), self.stopping.clone());
+            // If the thread cannot start, the closure (and the reply in it) is dropped, and
+            // fuser answers a dropped reply with EIO.
+            let _ = std::thread::Builder::new()
+                .name("ustrace-fuse-pipe".into())
+                .spawn(move || stream_read(file, size, tid, stopping, reply));
+            return;
+        }
+        let mut f = lock(&file);
+        let want = (offset as usize).saturating_add(size as usize);
+        while !f.eof && f.cache.len() < want {
+            let handle = f.handle;
+            let chunk = (want - f.cache.len()).clamp(64 * 1024, crate::proto::MAX_DATA) as u32;
+            match f.client.read(handle, chunk, Some(Duration::ZERO)) {
+                Ok(data) if data.is_empty() => f.eof = true,
+                Ok(data) => f.cache.extend_from_slice(&data),
+                Err(e) => return reply.error(cerr(&e)),
+            }
+        }
+        let start = (offset as usize).min(f.cache.len());
+        let end = want.min(f.cache.len());
+        reply.data(&f.cache[start..end]);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let file = match self.file(fh) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let mut f = lock(&file);
+        let handle = f.handle;
+        match f.client.write(handle, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(cerr(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let file = lock(&self.files).remove(&fh.0);
+        reply.ok();
+        if let Some(file) = file {
+            if let Ok(f) =
+                Arc::try_unwrap(file).map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
+            {
+                let mut client = f.client;
+                if client.close(f.handle).is_ok() {
+                    self.give_back(client);
+                }
+            }
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let listing = self
+            .path(ino)
+            .and_then(|p| Ok((self.with_client(|c| c.readdir(&p))?, p)));
+        let (entries, path) = match listing {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        let parent_ino = {
+            let mut inodes = lock(&self.inodes);
+            let parent = path.rfind('/').map_or("", |i| &path[..i]).to_owned();
+            if path.is_empty() {
+                1
+            } else {
+                inodes.ino(&parent)
+            }
+        };
+        let mut all: Vec<(u64, FileType, String)> = vec![
+            (ino.0, FileType::Directory, ".".into()),
+            (parent_ino, FileType::Directory, "..".into()),
+        ];
+        {
+            let mut inodes = lock(&self.inodes);
+            for DirEntry { name, kind } in entries {
+                let child = if path.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{path}/{name}")
+                };
+                let kind = match kind {
+                    FileKind::Dir => FileType::Directory,
+                    FileKind::File => FileType::RegularFile,
+                };
+                all.push((inodes.ino(&child), kind, name));
+            }
+        }
+        for (i, (child, kind, name)) in all.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(child), (i + 1) as u64, kind, &name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+}
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// The mount's source in /proc/mounts.
+    pub fsname: String,
+    /// Let users other than the mounting one use the mount (`allow_other`).
+    pub allow_other: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            fsname: "tracefs".into(),
+            allow_other: false,
+        }
+    }
+}
+
+fn cpath(dir: &Path) -> io::Result<CString> {
+    CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+fn detach(dir: &Path) -> io::Result<()> {
+    let c = cpath(dir)?;
+    // SAFETY: c is a valid NUL-terminated path for the duration of the call.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Detaches a dead FUSE mount at `dir` (one whose server was killed, so every access fails
+/// with `ENOTCONN`). Returns whether there was one.
+pub fn cleanup_stale(dir: &Path) -> io::Result<bool> {
+    match std::fs::metadata(dir) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            detach(dir).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot detach the stale mount at {}: {e}", dir.display()),
+                )
+            })?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// A live mount. Dropping it unmounts (lazily, so a busy mount still goes away).
+pub struct Mount {
+    dir: PathBuf,
+    session: Option<fuser::BackgroundSession>,
+    stopping: Arc<AtomicBool>,
+    /// An idle connection whose hang-up says the traced process is gone.
+    watch: Client,
+}
+
+impl std::fmt::Debug for Mount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mount").field("dir", &self.dir).finish()
+    }
+}
+
+impl Mount {
+    /// Mounts the tracefs served at `socket` on `dir`, detaching a stale mount there first.
+    pub fn spawn(socket: &Path, dir: &Path, options: &MountOptions) -> io::Result<Mount> {
+        if !Path::new("/dev/fuse").exists() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "/dev/fuse is missing (modprobe fuse?)",
+            ));
+        }
+        cleanup_stale(dir)?;
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+        let mut watch = Client::connect_path(socket).map_err(io::Error::other)?;
+        watch.hello().map_err(io::Error::other)?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let adapter = Adapter {
+            socket: socket.to_owned(),
+            pool: Mutex::new(Vec::new()),
+            inodes: Mutex::new(Inodes::new()),
+            files: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            // SAFETY: getuid/getgid have no preconditions and cannot fail.
+            uid: unsafe { libc::getuid() },
+            // SAFETY: as above.
+            gid: unsafe { libc::getgid() },
+            stopping: stopping.clone(),
+        };
+        let mut config = Config::default();
+        config.mount_options = vec![
+            MountOption::FSName(options.fsname.clone()),
+            MountOption::Subtype("ustrace".into()),
+            MountOption::DefaultPermissions,
+            MountOption::NoSuid,
+            MountOption::NoDev,
+            MountOption::NoAtime,
+        ];
+        if options.allow_other {
+            config.acl = SessionACL::All;
+        }
+        config.n_threads = Some(2);
+        let session = fuser::spawn_mount(adapter, &dir, &config).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot mount on {}: {e}", dir.display()))
+        })?;
+        Ok(Mount {
+            dir,
+            session: Some(session),
+            stopping,
+            watch,
+        })
+    }
+
+    /// Where it is mounted.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the traced process closed its end (it exited or was killed).
+    pub fn server_gone(&self) -> bool {
+        let stream = self.watch.raw_stream();
+        let mut fd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(stream),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, timeout 0: a non-blocking check.
+        let n = unsafe { libc::poll(&mut fd, 1, 0) };
+        n > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+    }
+
+    /// Whether the mount ended from outside (`umount DIR`).
+    pub fn session_ended(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+    }
+
+    /// Unmounts and waits (briefly) for the FUSE session to finish.
+    pub fn unmount(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        if !session.guard.is_finished() {
+            let _ = detach(&self.dir);
+        }
+        let guard = session.guard;
+        // Files still open (a blocked `cat trace_pipe`) keep the session up until their
+        // readers see EINTR; do not wait on them forever.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !guard.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if guard.is_finished() {
+            let _ = guard.join();
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_numbers_are_stable_and_never_reused() {
+        let mut i = Inodes::new();
+        assert_eq!(i.ino(""), 1);
+        let a = i.ino("events");
+        let b = i.ino("events/sched");
+        assert_ne!(a, b);
+        assert_eq!(i.ino("events"), a);
+        assert_eq!(i.path(b).as_deref(), Some("events/sched"));
+        assert_eq!(i.path(999), None);
+    }
+
+    #[test]
+    fn names_join_and_dots_are_refused() {
+        assert_eq!(join("", OsStr::new("trace")).unwrap(), "trace");
+        assert_eq!(join("events", OsStr::new("sched")).unwrap(), "events/sched");
+        assert!(join("events", OsStr::new("..")).is_err());
+        assert!(join("events", OsStr::new("a/b")).is_err());
+    }
+
+    #[test]
+    fn open_flags_translate() {
+        let f = open_flags(libc::O_WRONLY | libc::O_TRUNC | libc::O_CREAT);
+        assert_eq!(
+            f,
+            OpenFlags {
+                write: true,
+                truncate: true,
+                ..OpenFlags::default()
+            }
+        );
+        let f = open_flags(libc::O_WRONLY | libc::O_APPEND);
+        assert_eq!(f, OpenFlags::APPEND);
+        let f = open_flags(libc::O_RDONLY | libc::O_NONBLOCK);
+        assert_eq!(
+            f,
+            OpenFlags {
+                nonblock: true,
+                ..OpenFlags::READ
+            }
+        );
+        assert!(open_flags(libc::O_RDWR).read && open_flags(libc::O_RDWR).write);
+    }
+
+    #[test]
+    fn own_thread_has_no_pending_signal() {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        assert!(!signal_pending(tid));
+        assert!(
+            signal_pending(u32::MAX - 3),
+            "a vanished thread counts as interrupted"
+        );
+    }
+}

@@ -1,0 +1,705 @@
+//! Serving a process's tracefs on its control socket.
+//!
+//! [`serve`] binds `<socket dir>/<pid>.sock` (mode 0600, in a 0700 directory) and starts one
+//! background thread that accepts connections; each accepted connection gets a thread of its
+//! own that decodes requests and calls the [`FileSystem`]. Nothing here runs on, waits for,
+//! or signals the traced threads: they only ever see the tracefs's own locks, exactly as when
+//! a file is read in-process.
+//!
+//! ```text
+//!   client ──connect──► accept thread ── SO_PEERCRED: uid == ours or 0? ──no──► EACCES, log
+//!                            │ yes
+//!                            ▼
+//!                    connection thread:  frame → Request → FileSystem → Reply → frame
+//!                       (handles private to the connection; dropped when it closes)
+//! ```
+//!
+//! A stream read (`trace_pipe`) waits in slices of [`STREAM_SLICE`]: between slices the
+//! connection thread checks whether the client hung up or the server is stopping, so a
+//! vanished `cat` never pins a thread. Bad input (truncated frames, huge lengths, unknown
+//! verbs, `..` in paths) gets an error reply; only a frame whose length cannot be trusted
+//! closes the connection, since nothing after it can be parsed.
+
+use crate::discover;
+use crate::proto::{self, FrameError, Reply, Request};
+use crate::vfs::{Errno, FileSystem, OpenFile, OpenFlags};
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Setting this to `1` (or `true`, `yes`, `on`) makes [`serve_from_env`] start serving.
+pub const SERVE_ENV: &str = "USTRACE_SERVE";
+/// How long one wait for stream data lasts before the hang-up check.
+pub const STREAM_SLICE: Duration = Duration::from_millis(100);
+/// The most files one connection may hold open.
+pub const MAX_HANDLES: usize = 1024;
+
+/// Where a server reports refused clients and failures.
+pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// How to serve.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// The directory for the socket; `None`: [`discover::default_socket_dir`].
+    pub socket_dir: Option<PathBuf>,
+    /// The most connections served at once; more are refused with `EMFILE`.
+    pub max_connections: usize,
+    pub log: LogSink,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            socket_dir: None,
+            max_connections: 128,
+            log: Arc::new(|msg: &str| eprintln!("ustrace: {msg}")),
+        }
+    }
+}
+
+struct Shared {
+    fs: Arc<dyn FileSystem>,
+    log: LogSink,
+    stopping: AtomicBool,
+    owner_uid: u32,
+    max_connections: usize,
+    active: AtomicUsize,
+    next_conn: AtomicU64,
+    /// Clones of live connections, so stopping can shut them down and wake their threads.
+    conns: Mutex<HashMap<u64, UnixStream>>,
+}
+
+/// A running server. Dropping it stops serving and removes the socket.
+pub struct ServerHandle {
+    socket: PathBuf,
+    shared: Arc<Shared>,
+    wake: Option<OwnedFd>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerHandle")
+            .field("socket", &self.socket)
+            .finish()
+    }
+}
+
+impl ServerHandle {
+    /// The socket clients connect to.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket
+    }
+
+    /// How many client connections are being served right now.
+    pub fn active_connections(&self) -> usize {
+        self.shared.active.load(Ordering::Relaxed)
+    }
+
+    /// Stops serving and removes the socket (what dropping does).
+    pub fn stop(self) {}
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        if let Some(wake) = self.wake.take() {
+            // SAFETY: writes one byte from a live buffer to a pipe fd we own.
+            unsafe { libc::write(wake.as_raw_fd(), b"x".as_ptr().cast(), 1) };
+        }
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        for conn in lock(&self.shared.conns).values() {
+            let _ = conn.shutdown(std::net::Shutdown::Both);
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        forget_at_exit(&self.socket);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sockets to remove when the process exits normally: `(pid that bound it, path)`.
+fn exit_sockets() -> &'static Mutex<Vec<(u32, PathBuf)>> {
+    static LIST: OnceLock<Mutex<Vec<(u32, PathBuf)>>> = OnceLock::new();
+    LIST.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+extern "C" fn remove_sockets_at_exit() {
+    // try_lock: a thread holding the lock while the process exits must not deadlock exit.
+    if let Ok(list) = exit_sockets().try_lock() {
+        let me = std::process::id();
+        for (pid, path) in list.iter() {
+            // A forked child inherits the list but not the socket's ownership.
+            if *pid == me {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+fn remember_at_exit(path: &Path) {
+    static REGISTERED: OnceLock<()> = OnceLock::new();
+    REGISTERED.get_or_init(|| {
+        // SAFETY: registers a plain extern "C" function with no arguments; it is safe to run
+        // at any time during exit.
+        unsafe { libc::atexit(remove_sockets_at_exit) };
+    });
+    lock(exit_sockets()).push((std::process::id(), path.to_owned()));
+}
+
+fn forget_at_exit(path: &Path) {
+    lock(exit_sockets()).retain(|(_, p)| p != path);
+}
+
+/// Makes the socket directory (0700) and checks that it belongs to us and nobody else can
+/// write in it: a socket in a directory another user controls could be swapped under us.
+fn prepare_dir(dir: &Path) -> io::Result<()> {
+    if let Some(parent) = dir.parent() {
+        if !parent.as_os_str().is_empty() && !parent.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)?;
+        }
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot create {}: {e}", dir.display()),
+            ))
+        }
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("socket directory {} is not a directory", dir.display()),
+        ));
+    }
+    if meta.uid() != discover::euid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "socket directory {} belongs to uid {}, not to us",
+                dir.display(),
+                meta.uid()
+            ),
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// Binds `dir/<pid>.sock` with mode 0600. The socket is bound under a temporary name, given
+/// its mode, then renamed into place, so no client ever sees it with looser permissions.
+fn bind_socket(dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
+    prepare_dir(dir)?;
+    let pid = std::process::id();
+    let path = discover::socket_name(dir, pid);
+    if path.exists() {
+        if UnixStream::connect(&path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "this process already serves its tracefs at {}",
+                    path.display()
+                ),
+            ));
+        }
+        // Left by a killed process that had our pid.
+        let _ = std::fs::remove_file(&path);
+    }
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        ".{pid}.{}.tmp",
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {}: {e}", tmp.display())))?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok((listener, path))
+}
+
+/// Serves `fs` on this process's control socket in the default directory.
+pub fn serve(fs: Arc<dyn FileSystem>) -> io::Result<ServerHandle> {
+    serve_with(fs, ServerConfig::default())
+}
+
+/// Serves `fs` as `config` says.
+pub fn serve_with(fs: Arc<dyn FileSystem>, config: ServerConfig) -> io::Result<ServerHandle> {
+    let dir = config
+        .socket_dir
+        .clone()
+        .unwrap_or_else(discover::default_socket_dir);
+    let (listener, socket) = bind_socket(&dir)?;
+    let result = start(fs, config, listener, socket.clone());
+    if result.is_err() {
+        let _ = std::fs::remove_file(&socket);
+    }
+    result
+}
+
+fn start(
+    fs: Arc<dyn FileSystem>,
+    config: ServerConfig,
+    listener: UnixListener,
+    socket: PathBuf,
+) -> io::Result<ServerHandle> {
+    listener.set_nonblocking(true)?;
+    let mut fds = [0i32; 2];
+    // SAFETY: fds points at two writable ints, as pipe2 requires.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both fds are open and now owned by nobody else.
+    let (wake_rx, wake_tx) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let shared = Arc::new(Shared {
+        fs,
+        log: config.log,
+        stopping: AtomicBool::new(false),
+        owner_uid: discover::euid(),
+        max_connections: config.max_connections,
+        active: AtomicUsize::new(0),
+        next_conn: AtomicU64::new(0),
+        conns: Mutex::new(HashMap::new()),
+    });
+    let accept = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("ustrace-ctl".into())
+            .spawn(move || accept_loop(&shared, &listener, &wake_rx))?
+    };
+    remember_at_exit(&socket);
+    Ok(ServerHandle {
+        socket,
+        shared,
+        wake: Some(wake_tx),
+        accept: Some(accept),
+    })
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener, wake: &OwnedFd) {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: fds is a valid array of two pollfd structs for the duration of the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        if n < 0 {
+            continue; // EINTR
+        }
+        match listener.accept() {
+            Ok((stream, _)) => admit(shared, stream),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                (shared.log)(&format!("control socket accept failed: {e}"));
+                // Out of fds or memory: back off instead of spinning.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// The uid and pid of the process at the other end.
+fn peer_credentials(stream: &UnixStream) -> io::Result<(u32, i32)> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid for writes of the sizes passed; the fd is a live socket.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((cred.uid, cred.pid))
+}
+
+fn refuse(mut stream: UnixStream, errno: Errno, message: &str) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
+    let _ = stream.write_all(&Reply::error(errno, message).encode());
+}
+
+fn admit(shared: &Arc<Shared>, stream: UnixStream) {
+    let _ = stream.set_nonblocking(false);
+    let (uid, pid) = match peer_credentials(&stream) {
+        Ok(c) => c,
+        Err(e) => {
+            (shared.log)(&format!(
+                "refused control connection: cannot read its credentials: {e}"
+            ));
+            return;
+        }
+    };
+    if uid != shared.owner_uid && uid != 0 {
+        let msg = format!(
+            "refused control connection from pid {pid} uid {uid}: only uid {} and root may connect",
+            shared.owner_uid
+        );
+        (shared.log)(&msg);
+        refuse(stream, Errno::EACCES, &msg);
+        return;
+    }
+    if shared.active.fetch_add(1, Ordering::SeqCst) >= shared.max_connections {
+        shared.active.fetch_sub(1, Ordering::SeqCst);
+        let msg = format!(
+            "too many control connections (limit {})",
+            shared.max_connections
+        );
+        (shared.log)(&format!("refused control connection from pid {pid}: {msg}"));
+        refuse(stream, Errno(libc::EMFILE), &msg);
+        return;
+    }
+    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    if let Ok(clone) = stream.try_clone() {
+        lock(&shared.conns).insert(id, clone);
+    }
+    let worker = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name("ustrace-ctl-conn".into())
+        .spawn(move || {
+            Connection {
+                shared: &worker,
+                stream,
+                handles: HashMap::new(),
+                next_handle: 1,
+            }
+            .run();
+            lock(&worker.conns).remove(&id);
+            worker.active.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        lock(&shared.conns).remove(&id);
+        shared.active.fetch_sub(1, Ordering::SeqCst);
+        (shared.log)(&format!("cannot start a control connection thread: {e}"));
+    }
+}
+
+/// `"/a//./b/"` -> `"a/b"`; `..` is an error, so no request can name a path outside the tree
+/// however the file system below resolves it.
+pub fn clean_path(path: &str) -> Result<String, Errno> {
+    let mut parts = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => return Err(Errno::EINVAL),
+            p => parts.push(p),
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+/// Whether the peer of `stream` has hung up (or the socket failed).
+fn peer_gone(stream: &UnixStream) -> bool {
+    let mut fd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: fd is one valid pollfd; timeout 0 makes this a non-blocking check.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+struct Connection<'a> {
+    shared: &'a Shared,
+    stream: UnixStream,
+    handles: HashMap<u64, Box<dyn OpenFile>>,
+    next_handle: u64,
+}
+
+/// What to do after a request.
+enum Next {
+    Reply(Reply),
+    Hangup,
+}
+
+fn fail(errno: Errno, message: String) -> Next {
+    Next::Reply(Reply::Error {
+        errno: errno.0,
+        message,
+    })
+}
+
+impl Connection<'_> {
+    fn run(mut self) {
+        loop {
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let body = match proto::read_frame(&mut self.stream) {
+                Ok(body) => body,
+                Err(FrameError::TooLarge { len }) => {
+                    let e = FrameError::TooLarge { len };
+                    let _ = self
+                        .stream
+                        .write_all(&Reply::error(Errno::E2BIG, e.to_string()).encode());
+                    return;
+                }
+                Err(FrameError::Closed | FrameError::Io(_)) => return,
+            };
+            let next = match Request::decode(&body) {
+                Ok(req) => self.handle(req),
+                Err(e) => Next::Reply(Reply::error(e.errno(), e.to_string())),
+            };
+            match next {
+                Next::Reply(reply) => {
+                    if self.stream.write_all(&reply.encode()).is_err() {
+                        return;
+                    }
+                }
+                Next::Hangup => return,
+            }
+        }
+    }
+
+    fn path(raw: &str) -> Result<String, Next> {
+        clean_path(raw).map_err(|e| fail(e, format!("path {raw:?} may not contain ..")))
+    }
+
+    fn handle(&mut self, req: Request) -> Next {
+        let fs = &self.shared.fs;
+        let errno_reply = |path: &str, e: Errno| fail(e, format!("{path}: {e}"));
+        match req {
+            Request::Hello => Next::Reply(Reply::Hello {
+                version: proto::VERSION,
+                pid: std::process::id(),
+                comm: std::fs::read_to_string("/proc/self/comm")
+                    .map(|s| s.trim_end().to_owned())
+                    .unwrap_or_default(),
+            }),
+            Request::Stat { path } => match Self::path(&path) {
+                Err(n) => n,
+                Ok(p) => match fs.stat(&p) {
+                    Ok(st) => Next::Reply(Reply::Stat(st)),
+                    Err(e) => errno_reply(&path, e),
+                },
+            },
+            Request::ReadDir { path } => match Self::path(&path) {
+                Err(n) => n,
+                Ok(p) => match fs.readdir(&p) {
+                    Ok(entries) => {
+                        let size: usize = entries.iter().map(|e| e.name.len() + 3).sum();
+                        if entries.len() > proto::MAX_ENTRIES || size + 64 > proto::MAX_FRAME {
+                            fail(
+                                Errno::E2BIG,
+                                format!("{path}: listing too large for one reply"),
+                            )
+                        } else {
+                            Next::Reply(Reply::Entries(entries))
+                        }
+                    }
+                    Err(e) => errno_reply(&path, e),
+                },
+            },
+            Request::Open { path, flags } => match Self::path(&path) {
+                Err(n) => n,
+                Ok(p) => self.open(&path, &p, flags),
+            },
+            Request::Read {
+                handle,
+                max,
+                wait_ms,
+            } => self.read(handle, max, wait_ms),
+            Request::Write { handle, data } => match self.handles.get_mut(&handle) {
+                None => fail(Errno::EBADF, format!("no open file with handle {handle}")),
+                Some(file) => match file.write(&data) {
+                    Ok(n) => Next::Reply(Reply::Written(n as u32)),
+                    Err(e) => fail(e, e.to_string()),
+                },
+            },
+            Request::Close { handle } => match self.handles.remove(&handle) {
+                None => fail(Errno::EBADF, format!("no open file with handle {handle}")),
+                Some(_) => Next::Reply(Reply::Ok),
+            },
+            Request::WriteFile { path, data, append } => match Self::path(&path) {
+                Err(n) => n,
+                Ok(p) => {
+                    let flags = if append {
+                        OpenFlags::APPEND
+                    } else {
+                        OpenFlags::TRUNCATE
+                    };
+                    match fs.open(&p, flags).and_then(|mut f| f.write(&data)) {
+                        Ok(n) => Next::Reply(Reply::Written(n as u32)),
+                        Err(e) => errno_reply(&path, e),
+                    }
+                }
+            },
+            Request::Mkdir { path } => match Self::path(&path) {
+                Err(n) => n,
+                Ok(p) => match fs.mkdir(&p) {
+                    Ok(()) => Next::Reply(Reply::Ok),
+                    Err(e) => errno_reply(&path, e),
+                },
+            },
+            Request::Rmdir { path } => match Self::path(&path) {
+                Err(n) => n,
+                Ok(p) => match fs.rmdir(&p) {
+                    Ok(()) => Next::Reply(Reply::Ok),
+                    Err(e) => errno_reply(&path, e),
+                },
+            },
+        }
+    }
+
+    fn open(&mut self, raw: &str, path: &str, flags: OpenFlags) -> Next {
+        if self.handles.len() >= MAX_HANDLES {
+            return fail(
+                Errno(libc::EMFILE),
+                format!("more than {MAX_HANDLES} open files"),
+            );
+        }
+        match self.shared.fs.open(path, flags) {
+            Ok(file) => {
+                let handle = self.next_handle;
+                self.next_handle += 1;
+                let stream = file.is_stream();
+                self.handles.insert(handle, file);
+                Next::Reply(Reply::Opened { handle, stream })
+            }
+            Err(e) => fail(e, format!("{raw}: {e}")),
+        }
+    }
+
+    fn read(&mut self, handle: u64, max: u32, wait_ms: u32) -> Next {
+        let Some(file) = self.handles.get_mut(&handle) else {
+            return fail(Errno::EBADF, format!("no open file with handle {handle}"));
+        };
+        let mut buf = vec![0u8; (max as usize).min(proto::MAX_DATA)];
+        if !file.is_stream() {
+            return match file.read(&mut buf, None) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    Next::Reply(Reply::Data(buf))
+                }
+                Err(e) => fail(e, e.to_string()),
+            };
+        }
+        let deadline = (wait_ms != proto::WAIT_FOREVER)
+            .then(|| Instant::now() + Duration::from_millis(u64::from(wait_ms)));
+        loop {
+            let slice = match deadline {
+                None => STREAM_SLICE,
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .min(STREAM_SLICE),
+            };
+            match file.read(&mut buf, Some(slice)) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    return Next::Reply(Reply::Data(buf));
+                }
+                Err(e) if e == Errno::EAGAIN => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return fail(Errno::EAGAIN, "no data yet".into());
+                    }
+                    if self.shared.stopping.load(Ordering::SeqCst) || peer_gone(&self.stream) {
+                        return Next::Hangup;
+                    }
+                }
+                Err(e) => return fail(e, e.to_string()),
+            }
+        }
+    }
+}
+
+fn truthy(v: &str) -> bool {
+    matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes" | "on"
+    )
+}
+
+/// Starts serving if `USTRACE_SERVE` is set to `1`/`true`/`yes`/`on`, for programs that cannot
+/// add a call. `make_fs` is only called when serving starts. The server then lives as long as
+/// the process; its socket is removed at normal exit. Returns whether this process now serves
+/// (a second call is a no-op returning `true`).
+pub fn serve_from_env(make_fs: impl FnOnce() -> Arc<dyn FileSystem>) -> io::Result<bool> {
+    match std::env::var(SERVE_ENV) {
+        Ok(v) if truthy(&v) => {}
+        _ => return Ok(false),
+    }
+    static GLOBAL: Mutex<Option<ServerHandle>> = Mutex::new(None);
+    let mut global = lock(&GLOBAL);
+    if global.is_none() {
+        let handle = serve(make_fs())?;
+        (ServerConfig::default().log)(&format!(
+            "serving tracefs at {} (mount it with: ustrace mount -p {} DIR)",
+            handle.socket_path().display(),
+            std::process::id()
+        ));
+        *global = Some(handle);
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_cleaned_and_dotdot_refused() {
+        assert_eq!(clean_path("/events//sched/./x/").unwrap(), "events/sched/x");
+        assert_eq!(clean_path("").unwrap(), "");
+        assert_eq!(clean_path("/").unwrap(), "");
+        assert_eq!(clean_path("events/../../etc"), Err(Errno::EINVAL));
+        assert_eq!(clean_path(".."), Err(Errno::EINVAL));
+        assert!(clean_path("a..b").is_ok());
+    }
+
+    #[test]
+    fn truthy_values() {
+        for v in ["1", "true", "YES", " on "] {
+            assert!(truthy(v), "{v}");
+        }
+        for v in ["0", "", "no", "2"] {
+            assert!(!truthy(v), "{v}");
+        }
+    }
+}
