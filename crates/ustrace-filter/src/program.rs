@@ -1,0 +1,383 @@
+//! Compiled filters: a flat array of predicates with branch targets, and the
+//! allocation-free evaluator that runs on every event record.
+//!
+//! `a || b && c` compiles (like the kernel's `predicate_parse`) into:
+//!
+//! ```text
+//!   step 0: r = a;  if r  == true  goto T      (target = 2: "after step 2")
+//!   step 1: r = b;  if r  == false goto F      (target = 3)
+//!   step 2: r = c;  if r  == false goto F      (target = 3)
+//!   T (index 3 = len):   match
+//!   F (index 4 = len+1): no match
+//! ```
+//!
+//! Each step says: evaluate the predicate; if the result equals
+//! `branch_when`, continue after step `target`, else fall through to the next
+//! step. Falling off the end means match; jumping past it means no match.
+//! `!` never costs a step at run time: it is folded into `branch_when`.
+
+use crate::cpulist::CpuMask;
+use crate::strmatch::StrMatcher;
+
+/// Fault-safe string reader: copy the NUL-terminated string at an address
+/// into the buffer; the length copied (without NUL), `None` on a fault.
+pub type StrReader<'a> = &'a dyn Fn(u64, &mut [u8]) -> Option<usize>;
+
+/// Per-event facts that are not in the record.
+pub struct Context<'a> {
+    /// The CPU the event fires on (`CPU`, `cpu`, `common_cpu`).
+    pub cpu: u32,
+    /// The current task's name (`COMM`, `comm`); at most 16 bytes are used.
+    pub comm: &'a [u8],
+    /// Fault-safe reader for `char *` fields: copy the NUL-terminated string at
+    /// the address into the buffer (1024 bytes), return its length without the
+    /// NUL (or the buffer length if it did not fit), `None` on a fault. A fault
+    /// (or no reader) makes the predicate false, `!=` included.
+    pub read_str: Option<StrReader<'a>>,
+}
+
+impl std::fmt::Debug for Context<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("cpu", &self.cpu)
+            .field("comm", &String::from_utf8_lossy(self.comm))
+            .field("read_str", &self.read_str.is_some())
+            .finish()
+    }
+}
+
+/// Numeric comparison operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NumOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Band,
+}
+
+/// Where a string predicate finds its string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StrSource {
+    /// `char[N]` at `offset`, kernel length N.
+    Static { offset: u32, size: u32 },
+    /// `__data_loc`/`__rel_loc` descriptor at `offset`.
+    Dyn { offset: u32, relative: bool },
+    /// `char *` at `offset`, read through `Context::read_str`.
+    Ptr { offset: u32 },
+    /// The task name from `Context::comm`.
+    Comm,
+}
+
+/// One predicate.
+#[derive(Debug, Clone)]
+pub(crate) enum Pred {
+    /// Always false: the kernel's no-op predicate (integers of odd sizes).
+    Never,
+    Int {
+        offset: u32,
+        size: u8,
+        signed: bool,
+        op: NumOp,
+        val: u64,
+    },
+    Str {
+        src: StrSource,
+        matcher: StrMatcher,
+        negate: bool,
+    },
+    /// `CPU op N`; `&` is always false, as in the kernel.
+    Cpu { op: NumOp, val: i32 },
+    /// `CPU op CPUS{a,b}` (a mask of several CPUs).
+    CpuInMask { op: NumOp, mask: CpuMask },
+    /// Integer field read as a CPU number against a multi-CPU mask.
+    ScalarInMask {
+        offset: u32,
+        size: u8,
+        op: NumOp,
+        mask: CpuMask,
+    },
+    /// cpumask field against a user mask.
+    MaskVsMask {
+        offset: u32,
+        relative: bool,
+        op: NumOp,
+        mask: CpuMask,
+    },
+    /// cpumask field against a single CPU.
+    MaskVsCpu {
+        offset: u32,
+        relative: bool,
+        op: NumOp,
+        cpu: u32,
+        nr_cpus: u32,
+    },
+    /// `field.function == name`: `start <= value < end`.
+    Function {
+        offset: u32,
+        start: u64,
+        end: u64,
+        negate: bool,
+    },
+}
+
+/// One step of the flat program.
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    pub pred: Pred,
+    pub branch_when: bool,
+    pub target: u32,
+}
+
+/// A compiled filter. Immutable, `Send + Sync`; evaluate with [`Program::matches`].
+#[derive(Debug, Clone)]
+pub struct Program {
+    pub(crate) text: String,
+    pub(crate) steps: Box<[Step]>,
+}
+
+#[inline]
+fn read_uint(rec: &[u8], offset: usize, size: usize) -> Option<u64> {
+    let b = rec.get(offset..offset.checked_add(size)?)?;
+    Some(match size {
+        1 => u64::from(b[0]),
+        2 => u64::from(u16::from_ne_bytes([b[0], b[1]])),
+        4 => u64::from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
+        8 => u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+        _ => return None,
+    })
+}
+
+#[inline]
+fn sign_extend(v: u64, size: u8) -> i64 {
+    let shift = 64 - 8 * u32::from(size);
+    ((v << shift) as i64) >> shift
+}
+
+#[inline]
+fn truncate(v: u64, size: u8) -> u64 {
+    if size >= 8 {
+        v
+    } else {
+        v & ((1u64 << (8 * u32::from(size))) - 1)
+    }
+}
+
+/// The bytes of a `__data_loc`/`__rel_loc` item: (start, kernel length).
+#[inline]
+fn data_loc(rec: &[u8], offset: u32, relative: bool) -> Option<(usize, usize)> {
+    let item = read_uint(rec, offset as usize, 4)? as u32;
+    let mut start = (item & 0xffff) as usize;
+    if relative {
+        start += offset as usize + 4;
+    }
+    Some((start, (item >> 16) as usize))
+}
+
+#[inline]
+fn tail(rec: &[u8], start: usize) -> &[u8] {
+    rec.get(start..).unwrap_or(&[])
+}
+
+/// `==`/`!=`/`&` of one CPU against a mask with more than one CPU
+/// (`==` can only hold for a single-CPU mask, so the weight is checked).
+#[inline]
+fn scalar_vs_mask(op: NumOp, cpu: u32, mask: &CpuMask) -> bool {
+    let single = mask.weight() == 1;
+    match op {
+        NumOp::Eq => mask.test(cpu) && single,
+        NumOp::Ne => !mask.test(cpu) || !single,
+        NumOp::Band => mask.test(cpu),
+        _ => false,
+    }
+}
+
+impl Pred {
+    #[inline]
+    fn eval(&self, rec: &[u8], ctx: &Context<'_>) -> bool {
+        match self {
+            Pred::Never => false,
+            Pred::Int {
+                offset,
+                size,
+                signed,
+                op,
+                val,
+            } => {
+                let Some(raw) = read_uint(rec, *offset as usize, *size as usize) else {
+                    return false;
+                };
+                let v = truncate(*val, *size);
+                match op {
+                    NumOp::Eq => raw == v,
+                    NumOp::Ne => raw != v,
+                    NumOp::Band => raw & v != 0,
+                    _ if *signed => {
+                        let (a, b) = (sign_extend(raw, *size), sign_extend(v, *size));
+                        cmp_op(*op, a.cmp(&b))
+                    }
+                    _ => cmp_op(*op, raw.cmp(&v)),
+                }
+            }
+            Pred::Str {
+                src,
+                matcher,
+                negate,
+            } => match src {
+                StrSource::Static { offset, size } => {
+                    matcher.matches(tail(rec, *offset as usize), i64::from(*size)) ^ negate
+                }
+                StrSource::Dyn { offset, relative } => {
+                    let Some((start, len)) = data_loc(rec, *offset, *relative) else {
+                        return false;
+                    };
+                    matcher.matches(tail(rec, start), len as i64) ^ negate
+                }
+                StrSource::Comm => {
+                    let comm = &ctx.comm[..ctx.comm.len().min(16)];
+                    matcher.matches(comm, 16) ^ negate
+                }
+                StrSource::Ptr { offset } => {
+                    let Some(addr) = read_uint(rec, *offset as usize, 8) else {
+                        return false;
+                    };
+                    let Some(read) = ctx.read_str else {
+                        return false;
+                    };
+                    let mut buf = [0u8; 1024];
+                    let Some(n) = read(addr, &mut buf) else {
+                        return false;
+                    };
+                    // The kernel keeps at most 1023 bytes and a NUL.
+                    let n = n.min(buf.len() - 1);
+                    let s = crate::ctype::c_str(&buf[..n]);
+                    matcher.matches(s, s.len() as i64 + 1) ^ negate
+                }
+            },
+            Pred::Cpu { op, val } => {
+                let cpu = ctx.cpu as i32;
+                match op {
+                    NumOp::Band => false,
+                    _ => cmp_op(*op, cpu.cmp(val)),
+                }
+            }
+            Pred::CpuInMask { op, mask } => scalar_vs_mask(*op, ctx.cpu, mask),
+            Pred::ScalarInMask {
+                offset,
+                size,
+                op,
+                mask,
+            } => {
+                let Some(raw) = read_uint(rec, *offset as usize, *size as usize) else {
+                    return false;
+                };
+                let cpu = raw as u32;
+                if cpu >= mask.nr_cpus() {
+                    return false;
+                }
+                scalar_vs_mask(*op, cpu, mask)
+            }
+            Pred::MaskVsMask {
+                offset,
+                relative,
+                op,
+                mask,
+            } => {
+                let Some((start, len)) = data_loc(rec, *offset, *relative) else {
+                    return false;
+                };
+                let bits = tail(rec, start);
+                let bits = &bits[..bits.len().min(len)];
+                match op {
+                    NumOp::Eq => mask.equals_bitmap(bits),
+                    NumOp::Ne => !mask.equals_bitmap(bits),
+                    NumOp::Band => mask.intersects_bitmap(bits),
+                    _ => false,
+                }
+            }
+            Pred::MaskVsCpu {
+                offset,
+                relative,
+                op,
+                cpu,
+                nr_cpus,
+            } => {
+                let Some((start, len)) = data_loc(rec, *offset, *relative) else {
+                    return false;
+                };
+                let bits = tail(rec, start);
+                let bits = &bits[..bits.len().min(len)];
+                let has = CpuMask::bitmap_test(bits, *cpu);
+                let only = (0..*nr_cpus).all(|c| c == *cpu || !CpuMask::bitmap_test(bits, c));
+                match op {
+                    NumOp::Eq => has && only,
+                    NumOp::Ne => !has || !only,
+                    NumOp::Band => has,
+                    _ => false,
+                }
+            }
+            Pred::Function {
+                offset,
+                start,
+                end,
+                negate,
+            } => {
+                let Some(v) = read_uint(rec, *offset as usize, 8) else {
+                    return false;
+                };
+                (*start <= v && v < *end) ^ negate
+            }
+        }
+    }
+}
+
+#[inline]
+fn cmp_op(op: NumOp, ord: std::cmp::Ordering) -> bool {
+    use std::cmp::Ordering::*;
+    match op {
+        NumOp::Eq => ord == Equal,
+        NumOp::Ne => ord != Equal,
+        NumOp::Lt => ord == Less,
+        NumOp::Le => ord != Greater,
+        NumOp::Gt => ord == Greater,
+        NumOp::Ge => ord != Less,
+        NumOp::Band => false,
+    }
+}
+
+impl Program {
+    /// Whether the event record passes the filter. No allocation, lock or
+    /// syscall (a `char *` predicate calls `ctx.read_str`, which must not
+    /// either). Fields that lie outside `record` make their predicate false.
+    #[inline]
+    pub fn matches(&self, record: &[u8], ctx: &Context<'_>) -> bool {
+        let steps = &self.steps[..];
+        let mut i = 0usize;
+        while let Some(step) = steps.get(i) {
+            if step.pred.eval(record, ctx) == step.branch_when {
+                i = step.target as usize;
+            }
+            i += 1;
+        }
+        i == steps.len()
+    }
+
+    /// The expression as reading `filter` shows it after a successful write
+    /// (the file holds this text and a newline): the written text up to a NUL,
+    /// trailing whitespace removed, leading whitespace kept.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Number of predicates.
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Always false: a compiled program has at least one predicate.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+}

@@ -1,0 +1,351 @@
+//! Differential test against the live kernel: every filter and trigger text of
+//! the corpus (tests/corpus/*.txt) plus proptest-generated ones is written to
+//! `raw_syscalls/sys_enter` in a private tracefs instance and handed to this
+//! crate; acceptance, errno, the `filter` read-back (message and caret), the
+//! `error_log` entry and the `trigger` listing must agree.
+//!
+//! Needs root and tracefs at /sys/kernel/tracing; otherwise prints
+//! `skipped: <why>` and passes. `USTRACE_DIFF_CASES=N` sets how many generated
+//! cases of each kind to add (default 300).
+
+mod common;
+
+use common::{corpus, maybe_broken_expression, trigger_text, SYS_ENTER};
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::TestRunner;
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use ustrace_filter::trigger::{self, available_triggers_text};
+use ustrace_filter::{compile, is_clear, possible_cpus, CompileEnv};
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Disagreements that are understood and accepted, with the reason.
+const EXPLAINED: &[(&str, &str)] = &[];
+
+/// A private tracefs instance, removed on drop (also when a test panics).
+struct Instance {
+    dir: PathBuf,
+}
+
+impl Instance {
+    fn create(name: &str) -> std::io::Result<Instance> {
+        let dir = Path::new(TRACEFS).join("instances").join(name);
+        fs::create_dir(&dir)?;
+        Ok(Instance { dir })
+    }
+
+    fn event_file(&self, name: &str) -> PathBuf {
+        self.dir.join("events/raw_syscalls/sys_enter").join(name)
+    }
+
+    fn clear_triggers(&self) {
+        for _ in 0..16 {
+            let listing = read(&self.event_file("trigger"));
+            if listing.starts_with('#') {
+                return;
+            }
+            for line in listing.lines() {
+                let cmd = line.split(" if ").next().unwrap_or("");
+                let parts: Vec<&str> = cmd.split(':').collect();
+                let removal = if parts[0].contains("_event") || parts[0].contains("_hist") {
+                    parts[..3.min(parts.len())].join(":")
+                } else {
+                    parts[0].to_string()
+                };
+                let _ = write(&self.event_file("trigger"), &format!("!{removal}"));
+            }
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.clear_triggers();
+        let _ = write(&self.event_file("filter"), "0");
+        let _ = write(&self.event_file("enable"), "0");
+        if let Err(e) = fs::remove_dir(&self.dir) {
+            eprintln!("could not remove {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// One `write(2)` of the whole text; the errno, 0 on success.
+fn write(path: &Path, text: &str) -> i32 {
+    let mut f = match OpenOptions::new().write(true).open(path) {
+        Ok(f) => f,
+        Err(e) => return e.raw_os_error().unwrap_or(-1),
+    };
+    match f.write(text.as_bytes()) {
+        // tracefs takes a whole command per write or fails it.
+        Ok(n) if n == text.len() => 0,
+        Ok(_) => -1,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+/// The file's content. The `filter` file answers only the first `read(2)`
+/// (later ones return 0), so read once into a buffer larger than a page,
+/// then drain for files that do support continuation.
+fn read(path: &Path) -> String {
+    let mut f = fs::File::open(path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+    let mut bytes = vec![0u8; 1 << 16];
+    let n = f
+        .read(&mut bytes)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    bytes.truncate(n);
+    let mut more = Vec::new();
+    let _ = f.read_to_end(&mut more);
+    bytes.extend_from_slice(&more);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Symbol table from /proc/kallsyms for `.function`.
+struct Kallsyms {
+    by_addr: Vec<(u64, String)>,
+}
+
+impl Kallsyms {
+    fn load() -> Kallsyms {
+        let text = fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+        let mut by_addr: Vec<(u64, String)> = text
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let addr = u64::from_str_radix(it.next()?, 16).ok()?;
+                let _kind = it.next()?;
+                Some((addr, it.next()?.to_string()))
+            })
+            .filter(|(a, _)| *a != 0)
+            .collect();
+        by_addr.sort();
+        Kallsyms { by_addr }
+    }
+
+    fn range_at(&self, idx: usize) -> Option<Range<u64>> {
+        let start = self.by_addr[idx].0;
+        let end = self.by_addr[idx..]
+            .iter()
+            .map(|s| s.0)
+            .find(|&a| a > start)?;
+        Some(start..end)
+    }
+
+    fn function(&self, name: &str) -> Option<Range<u64>> {
+        let idx = self.by_addr.iter().position(|(_, n)| n == name)?;
+        self.range_at(idx)
+    }
+
+    fn address(&self, addr: u64) -> Option<Range<u64>> {
+        let idx = self
+            .by_addr
+            .partition_point(|s| s.0 <= addr)
+            .checked_sub(1)?;
+        self.range_at(idx)
+    }
+}
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new(TRACEFS).join("instances").is_dir() {
+        return Some(format!("tracefs not mounted at {TRACEFS}"));
+    }
+    None
+}
+
+fn generated<S: Strategy<Value = String>>(strategy: S, n: usize) -> Vec<String> {
+    let mut runner = TestRunner::deterministic();
+    (0..n)
+        .map(|_| strategy.new_tree(&mut runner).expect("strategy").current())
+        .collect()
+}
+
+fn cases() -> usize {
+    std::env::var("USTRACE_DIFF_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300)
+}
+
+fn strip_log_timestamp(log: &str) -> String {
+    match log.find("] ") {
+        Some(i) if log.starts_with('[') => log[i + 2..].trim_end_matches('\n').to_string(),
+        _ => log.trim_end_matches('\n').to_string(),
+    }
+}
+
+#[test]
+fn filters_agree_with_the_kernel() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let inst = Instance::create(&format!("ustrace-difftest-{}", std::process::id()))
+        .expect("creating a tracefs instance");
+    let syms = Kallsyms::load();
+    let by_name = |n: &str| syms.function(n);
+    let by_addr = |a: u64| syms.address(a);
+    let env = CompileEnv {
+        resolve_function: Some(&by_name),
+        resolve_address: Some(&by_addr),
+        nr_cpus: possible_cpus(),
+    };
+    let mut texts = corpus("filters.txt");
+    texts.extend(generated(maybe_broken_expression(), cases()));
+    let filter = inst.event_file("filter");
+    let error_log = inst.dir.join("error_log");
+    let mut agree = 0usize;
+    let mut failures = Vec::new();
+    for text in &texts {
+        if is_clear(text) {
+            continue;
+        }
+        assert_eq!(write(&filter, "0"), 0);
+        let _ = fs::write(&error_log, "");
+        let k_errno = write(&filter, text);
+        let k_file = read(&filter);
+        let k_log = strip_log_timestamp(&read(&error_log));
+        let (m_errno, m_file, m_log) = match compile(text, &SYS_ENTER, &env) {
+            Ok(p) => (0, format!("{}\n", p.text()), String::new()),
+            Err(e) => {
+                let (first, rest) = e.error_log_entry(text);
+                (
+                    e.errno(),
+                    e.filter_file_text(text),
+                    format!("{first}\n{rest}"),
+                )
+            }
+        };
+        if (k_errno, &k_file, &k_log) == (m_errno, &m_file, &m_log) {
+            agree += 1;
+        } else if let Some((_, why)) = EXPLAINED.iter().find(|(t, _)| t == text) {
+            eprintln!("explained disagreement for {text:?}: {why}");
+            agree += 1;
+        } else {
+            failures.push(format!(
+                "{text:?}\n  kernel: errno {k_errno}\n{k_file}{k_log}\n  ours:   errno {m_errno}\n{m_file}{m_log}"
+            ));
+        }
+    }
+    eprintln!(
+        "filter agreement: {agree}/{} ({:.1}%)",
+        texts.len(),
+        100.0 * agree as f64 / texts.len() as f64
+    );
+    assert!(
+        failures.is_empty(),
+        "{} disagreements:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn triggers_agree_with_the_kernel() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let inst = Instance::create(&format!("ustrace-difftest-trig-{}", std::process::id()))
+        .expect("creating a tracefs instance");
+    let trig = inst.event_file("trigger");
+    let help = read(&trig);
+    let available: Vec<String> = help
+        .lines()
+        .nth(1)
+        .expect("help text second line")
+        .trim_start_matches('#')
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let available: Vec<&str> = available.iter().map(String::as_str).collect();
+    assert_eq!(help, available_triggers_text(&available));
+    let env = CompileEnv::default();
+    let events = inst.dir.join("events");
+    let mut texts = corpus("triggers.txt");
+    texts.extend(generated(trigger_text(), cases()));
+    let mut agree = 0usize;
+    let mut failures = Vec::new();
+    for text in &texts {
+        inst.clear_triggers();
+        let k_errno = write(&trig, text);
+        let k_list = read(&trig);
+        let (m_errno, m_list) = if text.is_empty() {
+            // A zero-length write never reaches the parser.
+            (0, help.clone())
+        } else {
+            match trigger::parse_with(text, &available) {
+                Err(e) => (e.errno(), help.clone()),
+                Ok(cmd) => {
+                    let target_ok = cmd.kind.target().is_none_or(|(s, e)| {
+                        !s.is_empty()
+                            && !e.is_empty()
+                            && ![s, e]
+                                .iter()
+                                .any(|x| x.contains('/') || *x == "." || *x == "..")
+                            && events.join(s).join(e).join("trigger").exists()
+                    });
+                    if !target_ok {
+                        (22, help.clone())
+                    } else if cmd.remove {
+                        (0, help.clone())
+                    } else {
+                        let compiled = cmd.filter.as_deref().map(|f| compile(f, &SYS_ENTER, &env));
+                        match compiled {
+                            Some(Err(e)) => (e.errno(), help.clone()),
+                            _ => (0, format!("{}\n", cmd.listing(cmd.count))),
+                        }
+                    }
+                }
+            }
+        };
+        // The trigger fires on every syscall of the machine, so the kernel's
+        // count may already be lower than the one written.
+        let counts_ok = |k: &str, m: &str| -> bool {
+            let split = |s: &str| -> Option<(String, i64, String)> {
+                let i = s.find(":count=")? + 7;
+                let rest = &s[i..];
+                let end = rest
+                    .find(|c: char| c != '-' && !c.is_ascii_digit())
+                    .unwrap_or(rest.len());
+                Some((
+                    s[..i].to_string(),
+                    rest[..end].parse().ok()?,
+                    rest[end..].to_string(),
+                ))
+            };
+            match (split(k), split(m)) {
+                (Some((kp, kn, ks)), Some((mp, mn, ms))) => {
+                    kp == mp && ks == ms && (kn == mn || (mn > 0 && (0..mn).contains(&kn)))
+                }
+                _ => k == m,
+            }
+        };
+        if k_errno == m_errno && counts_ok(&k_list, &m_list) {
+            agree += 1;
+        } else if let Some((_, why)) = EXPLAINED.iter().find(|(t, _)| t == text) {
+            eprintln!("explained disagreement for {text:?}: {why}");
+            agree += 1;
+        } else {
+            failures.push(format!(
+                "{text:?}\n  kernel: errno {k_errno}\n{k_list}  ours:   errno {m_errno}\n{m_list}"
+            ));
+        }
+    }
+    eprintln!(
+        "trigger agreement: {agree}/{} ({:.1}%)",
+        texts.len(),
+        100.0 * agree as f64 / texts.len() as f64
+    );
+    assert!(
+        failures.is_empty(),
+        "{} disagreements:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
