@@ -1,1 +1,1011 @@
-//! ustrace-ringbuf (skeleton; filled in by its owner).
+//! ustrace-ringbuf: the per-CPU, lock-free ring buffer every ustrace event
+//! is recorded into — in the kernel's page format, in shared memory.
+//!
+//! ```text
+//!   writer thread (any CPU, any number, nested in signal handlers)
+//!        | reserve(len)   cpu::current_cpu() -> CPU slot -> its region
+//!        |                one 16-byte CAS on {pos, last_ts}   (region.rs)
+//!        | fill payload
+//!        | commit()       one CAS on the page's word; a relaxed load of the
+//!        v                waiter flag (a futex wake only if someone waits)
+//!   /dev/shm/ustrace-<name>-<pid>-<n>-c<cpu>-r<k>: kernel-format pages (page.rs)
+//!        ^
+//!        | consume / consume_any   trace_pipe (consuming, per CPU or merged)
+//!        | read_page               per_cpu/cpuN/trace_pipe_raw (whole pages)
+//!        | iter / iter_cpu         trace (non-consuming, merged by time)
+//!        | ShmReader               another process, read-only (shm.rs)
+//! ```
+//!
+//! The write path takes no lock, allocates nothing and makes no system
+//! call. Readers and control operations (resize, reset, swap) serialise on
+//! a mutex among themselves, never with writers: a resize publishes a new
+//! region and closes the old one, which writers notice and follow.
+//!
+//! Modules: [`clock`] (trace clocks), [`cpu`] (current CPU through rseq),
+//! [`page`] (the page format, encoder and decoder), [`shm`] (files and the
+//! external reader); `region` holds the lock-free ring protocol itself.
+
+#![deny(missing_docs)]
+
+pub mod clock;
+pub mod cpu;
+pub mod page;
+mod region;
+pub mod shm;
+
+use clock::Clock;
+use region::{RawReservation, Region, RegionCursor, RegionStats, ReserveError, Step};
+use std::io;
+use std::ops::{Deref, DerefMut};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub use page::MAX_PAYLOAD;
+pub use shm::ShmReader;
+
+/// How to build a [`RingBuffer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Number of per-CPU buffers (normally [`cpu::possible_cpus`]).
+    pub nr_cpus: usize,
+    /// Bytes of event data per CPU, rounded up to whole pages of 4080 data bytes (at least 2 pages).
+    pub size_per_cpu: usize,
+    /// Overwrite the oldest events when full (else drop new ones).
+    pub overwrite: bool,
+    /// The trace clock.
+    pub clock: Clock,
+    /// Names the shared-memory files.
+    pub name: String,
+}
+
+impl Default for Config {
+    /// The kernel's defaults: 1408 KiB per possible CPU, overwrite, `local` clock.
+    fn default() -> Self {
+        Config {
+            nr_cpus: cpu::possible_cpus(),
+            size_per_cpu: 1408 * 1024,
+            overwrite: true,
+            clock: Clock::Local,
+            name: "ustrace".into(),
+        }
+    }
+}
+
+/// Counters of one CPU buffer, as `per_cpu/cpuN/stats` shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuStats {
+    /// Events still in the buffer (committed, neither read nor overwritten).
+    pub entries: u64,
+    /// Events lost to overwriting.
+    pub overrun: u64,
+    /// Events dropped because the page to reuse still had a write in flight.
+    pub commit_overrun: u64,
+    /// Bytes of unread events (headers included).
+    pub bytes: u64,
+    /// Time of the oldest unread event (0 when empty).
+    pub oldest_event_ts: u64,
+    /// The buffer's clock now.
+    pub now_ts: u64,
+    /// Events dropped because the buffer was full in producer/consumer mode.
+    pub dropped_events: u64,
+    /// Events consumed by readers.
+    pub read_events: u64,
+    /// Events ever committed (= entries + overrun + read_events).
+    pub written: u64,
+}
+
+/// Why [`RingBuffer::swap`] refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SwapError {
+    /// The buffers have different CPU counts.
+    CpuCount {
+        /// Ours.
+        ours: usize,
+        /// Theirs.
+        theirs: usize,
+    },
+    /// A CPU buffer has a different size.
+    Size {
+        /// The CPU.
+        cpu: usize,
+        /// Our size in bytes.
+        ours: usize,
+        /// Theirs in bytes.
+        theirs: usize,
+    },
+    /// Swapping a buffer with itself.
+    SameBuffer,
+}
+
+impl std::fmt::Display for SwapError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SwapError::CpuCount { ours, theirs } => {
+                write!(f, "cannot swap buffers of {ours} and {theirs} cpus")
+            }
+            SwapError::Size { cpu, ours, theirs } => {
+                write!(
+                    f,
+                    "cannot swap cpu {cpu} buffers of {ours} and {theirs} bytes"
+                )
+            }
+            SwapError::SameBuffer => write!(f, "cannot swap a buffer with itself"),
+        }
+    }
+}
+
+impl std::error::Error for SwapError {}
+
+/// An event read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The CPU buffer it was in.
+    pub cpu: usize,
+    /// Its timestamp in the buffer's clock.
+    pub ts: u64,
+    /// Events lost on this CPU just before it (`CPU:N [LOST M EVENTS]`).
+    pub lost_before: u64,
+    /// The payload, padded with zeros to a multiple of 4 bytes as the kernel stores it.
+    pub data: Vec<u8>,
+}
+
+struct CpuSlot {
+    /// The region writers reserve in; owned by `Control::keep`.
+    current: AtomicPtr<Region>,
+}
+
+/// Reader-side view of one CPU: its regions, oldest first (the last is
+/// the one writers use).
+#[derive(Default)]
+struct ReaderCpu {
+    regions: Vec<(Arc<Region>, RegionCursor)>,
+    /// Counters of regions already drained and retired.
+    carried: RegionStats,
+}
+
+struct Control {
+    cpus: Vec<ReaderCpu>,
+    /// Every region this buffer's writers may still touch; unmapped on drop.
+    keep: Vec<Arc<Region>>,
+    next_region: u64,
+    buffer_percent: u32,
+}
+
+/// The per-CPU ring buffer. `Send + Sync`; writers never block.
+pub struct RingBuffer {
+    root: shm::Root,
+    base: String,
+    dir: PathBuf,
+    nr_cpus: usize,
+    slots: Box<[CpuSlot]>,
+    clock: AtomicU32,
+    keep_files: AtomicBool,
+    control: Mutex<Control>,
+}
+
+/// Armed-flag values in the root header.
+const WAKE_ON_COMMIT: u32 = 1;
+const WAKE_ON_PAGE: u32 = 2;
+
+static BUFFER_SERIAL: AtomicU64 = AtomicU64::new(0);
+
+fn pages_for(size: usize) -> usize {
+    size.div_ceil(page::DATA_SIZE).max(2)
+}
+
+impl RingBuffer {
+    /// Creates the shared-memory files and maps them.
+    pub fn new(config: Config) -> io::Result<RingBuffer> {
+        if config.nr_cpus == 0 || config.nr_cpus > 4096 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad cpu count {}", config.nr_cpus),
+            ));
+        }
+        if !region::has_cas128() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "cpu lacks a 16-byte compare-and-swap",
+            ));
+        }
+        clock::init();
+        cpu::init();
+        let dir = shm::shm_dir();
+        let base = format!(
+            "ustrace-{}-{}-{}",
+            shm::sanitize(&config.name),
+            std::process::id(),
+            BUFFER_SERIAL.fetch_add(1, Ordering::Relaxed)
+        );
+        let root = shm::Root::create(
+            &dir.join(&base),
+            config.nr_cpus,
+            config.clock,
+            config.overwrite,
+        )?;
+        let nr_pages = pages_for(config.size_per_cpu);
+        let mut control = Control {
+            cpus: Vec::new(),
+            keep: Vec::new(),
+            next_region: 0,
+            buffer_percent: 0,
+        };
+        let mut slots = Vec::new();
+        let mut buf_regions = Vec::new();
+        for cpu in 0..config.nr_cpus {
+            let r = Arc::new(Region::create(
+                &dir.join(format!("{base}-c{cpu}-r0")),
+                cpu,
+                nr_pages,
+            )?);
+            buf_regions.push(r);
+        }
+        control.next_region = 1;
+        for r in buf_regions {
+            slots.push(CpuSlot {
+                current: AtomicPtr::new(Arc::as_ptr(&r) as *mut Region),
+            });
+            let cursor = r.reader_start();
+            control.keep.push(r.clone());
+            control.cpus.push(ReaderCpu {
+                regions: vec![(r, cursor)],
+                carried: RegionStats::default(),
+            });
+        }
+        let rb = RingBuffer {
+            root,
+            base,
+            dir,
+            nr_cpus: config.nr_cpus,
+            slots: slots.into_boxed_slice(),
+            clock: AtomicU32::new(config.clock as u32),
+            keep_files: AtomicBool::new(false),
+            control: Mutex::new(control),
+        };
+        {
+            let ctl = rb.lock();
+            for cpu in 0..rb.nr_cpus {
+                rb.publish_names(&ctl, cpu);
+            }
+        }
+        Ok(rb)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish_names(&self, ctl: &Control, cpu: usize) {
+        let names: Vec<String> = ctl.cpus[cpu]
+            .regions
+            .iter()
+            .map(|(r, _)| {
+                r.path()
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+        self.root.set_names(cpu, &refs);
+    }
+
+    /// Reserves `len` payload bytes on the current CPU's buffer. `None` when
+    /// recording is off, `len` exceeds [`MAX_PAYLOAD`], or the event was
+    /// dropped (full in producer/consumer mode, or a page still being written).
+    #[inline]
+    pub fn reserve(&self, len: usize) -> Option<Reservation<'_>> {
+        let hdr = self.root.header();
+        if hdr.recording.load(Ordering::Relaxed) == 0 || len > MAX_PAYLOAD {
+            return None;
+        }
+        let cpu = cpu::current_cpu();
+        let slot = &self.slots[if cpu < self.nr_cpus {
+            cpu
+        } else {
+            cpu % self.nr_cpus
+        }];
+        let clock = Clock::from_u32(self.clock.load(Ordering::Relaxed));
+        let overwrite = hdr.overwrite.load(Ordering::Relaxed) != 0;
+        loop {
+            let ptr = slot.current.load(Ordering::Acquire);
+            // SAFETY: every pointer stored in a slot comes from an Arc kept in
+            // `Control::keep` until the buffer is dropped, and `&self` outlives
+            // the reservation.
+            let region = unsafe { &*ptr };
+            match region.reserve(len, clock, overwrite) {
+                Ok(raw) => {
+                    if raw.entered_page() && hdr.wake_armed.load(Ordering::Relaxed) == WAKE_ON_PAGE
+                    {
+                        self.wake();
+                    }
+                    return Some(Reservation {
+                        buf: self,
+                        region,
+                        raw,
+                        done: false,
+                    });
+                }
+                Err(ReserveError::Closed) => {
+                    if slot.current.load(Ordering::Acquire) == ptr {
+                        // Being reset: the event is lost with the old contents.
+                        return None;
+                    }
+                }
+                Err(ReserveError::Dropped | ReserveError::CommitOverrun) => return None,
+            }
+        }
+    }
+
+    /// Records `data` as one event (reserve, copy, commit).
+    #[inline]
+    pub fn write(&self, data: &[u8]) -> bool {
+        match self.reserve(data.len()) {
+            Some(mut r) => {
+                r.copy_from_slice(data);
+                r.commit();
+                true
+            }
+            None => false,
+        }
+    }
+
+    #[inline]
+    fn after_commit(&self) {
+        if self.root.header().wake_armed.load(Ordering::SeqCst) == WAKE_ON_COMMIT {
+            self.wake();
+        }
+    }
+
+    #[cold]
+    fn wake(&self) {
+        let hdr = self.root.header();
+        if hdr.wake_armed.swap(0, Ordering::SeqCst) != 0 {
+            hdr.wake_seq.fetch_add(1, Ordering::SeqCst);
+            shm::futex_wake(&hdr.wake_seq);
+        }
+    }
+
+    /// Turns recording on or off (`tracing_on`).
+    pub fn set_recording(&self, on: bool) {
+        self.root
+            .header()
+            .recording
+            .store(on as u32, Ordering::SeqCst);
+    }
+
+    /// Whether events are recorded.
+    pub fn is_recording(&self) -> bool {
+        self.root.header().recording.load(Ordering::Relaxed) != 0
+    }
+
+    /// Number of CPU buffers.
+    pub fn nr_cpus(&self) -> usize {
+        self.nr_cpus
+    }
+
+    /// Empties every CPU buffer and zeroes its counters.
+    pub fn reset(&self) {
+        for cpu in 0..self.nr_cpus {
+            self.reset_cpu(cpu);
+        }
+    }
+
+    /// Empties one CPU buffer and zeroes its counters. Events being written
+    /// concurrently are lost with the old contents.
+    pub fn reset_cpu(&self, cpu: usize) {
+        if cpu >= self.nr_cpus {
+            return;
+        }
+        let mut ctl = self.lock();
+        let current = ctl.cpus[cpu]
+            .regions
+            .last()
+            .map(|(r, _)| r.clone())
+            .expect("a cpu always has a region");
+        current.close();
+        let deadline = Instant::now() + Duration::from_millis(100);
+        while !current.quiescent() && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let region = if current.quiescent() {
+            current.reinit();
+            current
+        } else {
+            // A writer is stuck mid-event: leave it the old region and start a new one.
+            match self.new_region(&mut ctl, cpu, current.nr_pages()) {
+                Ok(r) => r,
+                Err(_) => {
+                    current.reinit();
+                    current
+                }
+            }
+        };
+        self.slots[cpu]
+            .current
+            .store(Arc::as_ptr(&region) as *mut Region, Ordering::Release);
+        let cursor = region.reader_start();
+        ctl.cpus[cpu] = ReaderCpu {
+            regions: vec![(region, cursor)],
+            carried: RegionStats::default(),
+        };
+        self.publish_names(&ctl, cpu);
+    }
+
+    fn new_region(
+        &self,
+        ctl: &mut Control,
+        cpu: usize,
+        nr_pages: usize,
+    ) -> io::Result<Arc<Region>> {
+        let path = self
+            .dir
+            .join(format!("{}-c{cpu}-r{}", self.base, ctl.next_region));
+        ctl.next_region += 1;
+        let r = Arc::new(Region::create(&path, cpu, nr_pages)?);
+        r.set_unlink_on_drop(!self.keep_files.load(Ordering::Relaxed));
+        ctl.keep.push(r.clone());
+        Ok(r)
+    }
+
+    /// Resizes every CPU buffer (bytes of data, rounded up to whole pages).
+    /// Writers keep going: events already recorded stay readable.
+    pub fn resize(&self, size_per_cpu: usize) -> io::Result<()> {
+        for cpu in 0..self.nr_cpus {
+            self.resize_cpu(cpu, size_per_cpu)?;
+        }
+        Ok(())
+    }
+
+    /// Resizes one CPU buffer (`per_cpu/cpuN/buffer_size_kb`).
+    pub fn resize_cpu(&self, cpu: usize, size: usize) -> io::Result<()> {
+        if cpu >= self.nr_cpus {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no cpu {cpu}"),
+            ));
+        }
+        let nr_pages = pages_for(size);
+        let mut ctl = self.lock();
+        let old = ctl.cpus[cpu]
+            .regions
+            .last()
+            .map(|(r, _)| r.clone())
+            .expect("a cpu always has a region");
+        if old.nr_pages() == nr_pages {
+            return Ok(());
+        }
+        let new = self.new_region(&mut ctl, cpu, nr_pages)?;
+        // Publish first, then close: writers that see the closed old region
+        // find the new one instead of failing.
+        self.slots[cpu]
+            .current
+            .store(Arc::as_ptr(&new) as *mut Region, Ordering::Release);
+        old.close();
+        let cursor = new.reader_start();
+        ctl.cpus[cpu].regions.push((new, cursor));
+        Self::retire_drained(&mut ctl.cpus[cpu]);
+        self.publish_names(&ctl, cpu);
+        Ok(())
+    }
+
+    /// Drops closed regions that are fully read and have no writer in
+    /// flight, carrying their counters.
+    fn retire_drained(rc: &mut ReaderCpu) {
+        while rc.regions.len() > 1 {
+            let (r, _) = &rc.regions[0];
+            if !(r.is_closed() && r.quiescent() && r.read_pos() >= r.pos()) {
+                break;
+            }
+            let s = r.stats();
+            rc.carried.committed += s.committed;
+            rc.carried.overrun += s.overrun;
+            rc.carried.dropped += s.dropped;
+            rc.carried.commit_overrun += s.commit_overrun;
+            rc.carried.read += s.read;
+            rc.regions.remove(0);
+        }
+    }
+
+    /// Bytes of data per CPU buffer (of CPU 0; see [`RingBuffer::size_of_cpu`]).
+    pub fn size_per_cpu(&self) -> usize {
+        self.size_of_cpu(0)
+    }
+
+    /// Bytes of data of one CPU buffer (pages × 4080, as `buffer_size_kb` shows).
+    pub fn size_of_cpu(&self, cpu: usize) -> usize {
+        let ctl = self.lock();
+        ctl.cpus
+            .get(cpu)
+            .and_then(|c| c.regions.last())
+            .map_or(0, |(r, _)| r.nr_pages() * page::DATA_SIZE)
+    }
+
+    /// Overwrite mode on (oldest events overwritten) or off (new events dropped).
+    pub fn set_overwrite(&self, on: bool) {
+        self.root
+            .header()
+            .overwrite
+            .store(on as u32, Ordering::SeqCst);
+    }
+
+    /// Whether overwrite mode is on.
+    pub fn overwrite(&self) -> bool {
+        self.root.header().overwrite.load(Ordering::Relaxed) != 0
+    }
+
+    /// Changes the trace clock. Like the kernel, this empties the buffers:
+    /// timestamps of different clocks do not mix.
+    pub fn set_clock(&self, clock: Clock) {
+        if self.clock() == clock {
+            return;
+        }
+        self.clock.store(clock as u32, Ordering::SeqCst);
+        self.root
+            .header()
+            .clock
+            .store(clock as u32, Ordering::SeqCst);
+        self.reset();
+    }
+
+    /// The trace clock.
+    pub fn clock(&self) -> Clock {
+        Clock::from_u32(self.clock.load(Ordering::Relaxed))
+    }
+
+    /// Wake readers only when a CPU buffer is this full (percent, 0 = on any
+    /// event; the kernel's `buffer_percent`). With a non-zero value writers
+    /// check for waiters only when they start a new page.
+    pub fn set_buffer_percent(&self, percent: u32) {
+        self.lock().buffer_percent = percent.min(100);
+    }
+
+    /// The `buffer_percent` watermark.
+    pub fn buffer_percent(&self) -> u32 {
+        self.lock().buffer_percent
+    }
+
+    /// The counters of one CPU buffer.
+    pub fn stats(&self, cpu: usize) -> CpuStats {
+        let ctl = self.lock();
+        let Some(rc) = ctl.cpus.get(cpu) else {
+            return CpuStats::default();
+        };
+        let mut t = rc.carried;
+        let mut bytes = 0;
+        let mut oldest = None;
+        for (r, _) in &rc.regions {
+            let s = r.stats();
+            t.committed += s.committed;
+            t.overrun += s.overrun;
+            t.dropped += s.dropped;
+            t.commit_overrun += s.commit_overrun;
+            t.read += s.read;
+            let (b, o) = r.unread_bytes_and_oldest();
+            bytes += b;
+            if oldest.is_none() {
+                oldest = o;
+            }
+        }
+        CpuStats {
+            entries: t.committed.saturating_sub(t.read + t.overrun),
+            overrun: t.overrun,
+            commit_overrun: t.commit_overrun,
+            bytes,
+            oldest_event_ts: oldest.unwrap_or(0),
+            now_ts: clock::now(self.clock()),
+            dropped_events: t.dropped,
+            read_events: t.read,
+            written: t.committed,
+        }
+    }
+
+    /// Events in all buffers (the N of `# entries-in-buffer/entries-written: N/M`).
+    pub fn entries(&self) -> u64 {
+        (0..self.nr_cpus).map(|c| self.stats(c).entries).sum()
+    }
+
+    /// The M of `# entries-in-buffer/entries-written: N/M`: as the kernel
+    /// computes it, entries plus overrun (events consumed are not counted).
+    pub fn written(&self) -> u64 {
+        (0..self.nr_cpus)
+            .map(|c| {
+                let s = self.stats(c);
+                s.entries + s.overrun
+            })
+            .sum()
+    }
+
+    /// Consumes the oldest event of one CPU buffer (`per_cpu/cpuN/trace_pipe`).
+    pub fn consume(&self, cpu: usize) -> Option<Event> {
+        let mut ctl = self.lock();
+        Self::consume_locked(&mut ctl, cpu, false)
+    }
+
+    fn consume_locked(ctl: &mut Control, cpu: usize, peek: bool) -> Option<Event> {
+        let rc = ctl.cpus.get_mut(cpu)?;
+        loop {
+            // Only the oldest region may be read: newer ones hold later events.
+            let more = rc.regions.len() > 1;
+            let (r, cursor) = &mut rc.regions[0];
+            match r.consume(cursor, peek) {
+                Ok((ts, data, lost)) => {
+                    return Some(Event {
+                        cpu,
+                        ts,
+                        lost_before: lost,
+                        data,
+                    });
+                }
+                Err(Step::Empty) if more && r.is_closed() => {}
+                Err(_) => return None,
+            }
+            let before = rc.regions.len();
+            Self::retire_drained(rc);
+            if rc.regions.len() == before {
+                return None;
+            }
+        }
+    }
+
+    /// Consumes the oldest event across all CPU buffers (`trace_pipe`).
+    pub fn consume_any(&self) -> Option<Event> {
+        let mut ctl = self.lock();
+        let mut best: Option<(u64, usize)> = None;
+        for cpu in 0..self.nr_cpus {
+            if let Some(e) = Self::consume_locked(&mut ctl, cpu, true) {
+                if best.is_none_or(|(ts, _)| e.ts < ts) {
+                    best = Some((e.ts, cpu));
+                }
+            }
+        }
+        let (_, cpu) = best?;
+        Self::consume_locked(&mut ctl, cpu, false)
+    }
+
+    /// Non-consuming iterator over every CPU buffer, merged by timestamp
+    /// (the `trace` file). It sees the events present when it was created.
+    pub fn iter(&self) -> Iter<'_> {
+        self.make_iter(None)
+    }
+
+    /// Non-consuming iterator over one CPU buffer (`per_cpu/cpuN/trace`).
+    pub fn iter_cpu(&self, cpu: usize) -> Iter<'_> {
+        self.make_iter(Some(cpu))
+    }
+
+    fn make_iter(&self, only: Option<usize>) -> Iter<'_> {
+        let ctl = self.lock();
+        let mut cpus = Vec::new();
+        for (cpu, rc) in ctl.cpus.iter().enumerate() {
+            if only.is_some_and(|o| o != cpu) {
+                continue;
+            }
+            let regions: Vec<(Arc<Region>, u64)> = rc
+                .regions
+                .iter()
+                .map(|(r, _)| (r.clone(), r.pos()))
+                .collect();
+            let start = regions.first().map_or(0, |(r, _)| r.reader_start().pos);
+            let lost_seen = regions.first().map_or(0, |(r, _)| r.lost_total());
+            cpus.push(IterCpu {
+                cpu,
+                regions,
+                ri: 0,
+                pos: start,
+                ts: 0,
+                pending: Default::default(),
+                done: false,
+                lost_seen,
+            });
+        }
+        Iter { _buf: self, cpus }
+    }
+
+    /// Consumes the rest of the oldest page of one CPU buffer and returns it
+    /// as a kernel-format page (`per_cpu/cpuN/trace_pipe_raw`). Lost events
+    /// are flagged in the page's commit field as the kernel does.
+    pub fn read_page(&self, cpu: usize) -> Option<Vec<u8>> {
+        let mut ctl = self.lock();
+        let rc = ctl.cpus.get_mut(cpu)?;
+        loop {
+            let more = rc.regions.len() > 1;
+            let (r, cursor) = &mut rc.regions[0];
+            if let Some((page, _)) = r.read_page(cursor) {
+                return Some(page);
+            }
+            if !(more && r.is_closed() && !r.has_data()) {
+                return None;
+            }
+            let before = rc.regions.len();
+            Self::retire_drained(rc);
+            if rc.regions.len() == before {
+                return None;
+            }
+        }
+    }
+
+    fn has_data(&self, ctl: &Control, cpu: Option<usize>) -> bool {
+        let percent = ctl.buffer_percent as u64;
+        ctl.cpus
+            .iter()
+            .enumerate()
+            .filter(|(c, _)| cpu.is_none_or(|x| x == *c))
+            .any(|(_, rc)| {
+                rc.regions.iter().any(|(r, _)| {
+                    if percent == 0 {
+                        return r.has_data();
+                    }
+                    let cap = (r.nr_pages() * page::DATA_SIZE) as u64;
+                    let used = r.pos().saturating_sub(r.read_pos());
+                    used * 100 >= cap * percent && r.has_data()
+                })
+            })
+    }
+
+    /// Blocks until a CPU buffer (or any, for `None`) has an event to
+    /// consume (`true`) or the timeout passes (`false`). Writers pay one
+    /// relaxed load per event for this; the first commit after a reader
+    /// started waiting makes one futex wake.
+    pub fn wait(&self, cpu: Option<usize>, timeout: Option<Duration>) -> bool {
+        let hdr = self.root.header();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let seq = hdr.wake_seq.load(Ordering::SeqCst);
+            let mode = if self.buffer_percent() == 0 {
+                WAKE_ON_COMMIT
+            } else {
+                WAKE_ON_PAGE
+            };
+            hdr.wake_armed.swap(mode, Ordering::SeqCst);
+            if self.has_data(&self.lock(), cpu) {
+                return true;
+            }
+            let remaining = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return false;
+                    }
+                    // Re-check now and then: with a watermark, wakes come only at page starts.
+                    Some((d - now).min(Duration::from_millis(100)))
+                }
+                None => Some(Duration::from_millis(100)),
+            };
+            shm::futex_wait(&hdr.wake_seq, seq, remaining);
+        }
+    }
+
+    /// Exchanges the contents of this buffer and `other` (the snapshot
+    /// buffer), CPU by CPU, while writers keep writing. Both must have the
+    /// same CPU count and per-CPU sizes. Counters move with the contents.
+    pub fn swap(&self, other: &RingBuffer) -> Result<(), SwapError> {
+        if std::ptr::eq(self, other) {
+            return Err(SwapError::SameBuffer);
+        }
+        if self.nr_cpus != other.nr_cpus {
+            return Err(SwapError::CpuCount {
+                ours: self.nr_cpus,
+                theirs: other.nr_cpus,
+            });
+        }
+        let (mut a, mut b) = if (self as *const Self) < (other as *const Self) {
+            let a = self.lock();
+            (a, other.lock())
+        } else {
+            let b = other.lock();
+            (self.lock(), b)
+        };
+        for cpu in 0..self.nr_cpus {
+            let sa = a.cpus[cpu].regions.last().map_or(0, |(r, _)| r.nr_pages());
+            let sb = b.cpus[cpu].regions.last().map_or(0, |(r, _)| r.nr_pages());
+            if sa != sb {
+                return Err(SwapError::Size {
+                    cpu,
+                    ours: sa * page::DATA_SIZE,
+                    theirs: sb * page::DATA_SIZE,
+                });
+            }
+        }
+        for cpu in 0..self.nr_cpus {
+            std::mem::swap(&mut a.cpus[cpu], &mut b.cpus[cpu]);
+            let pa = self.slots[cpu].current.load(Ordering::Acquire);
+            let pb = other.slots[cpu].current.load(Ordering::Acquire);
+            self.slots[cpu].current.store(pb, Ordering::Release);
+            other.slots[cpu].current.store(pa, Ordering::Release);
+        }
+        // Writers that loaded the old pointers may still write into the
+        // regions now owned by the other buffer: both keep both alive.
+        let from_b: Vec<_> = b
+            .keep
+            .iter()
+            .filter(|r| !a.keep.iter().any(|x| Arc::ptr_eq(x, r)))
+            .cloned()
+            .collect();
+        let from_a: Vec<_> = a
+            .keep
+            .iter()
+            .filter(|r| !b.keep.iter().any(|x| Arc::ptr_eq(x, r)))
+            .cloned()
+            .collect();
+        a.keep.extend(from_b);
+        b.keep.extend(from_a);
+        for cpu in 0..self.nr_cpus {
+            self.publish_names(&a, cpu);
+            other.publish_names(&b, cpu);
+        }
+        Ok(())
+    }
+
+    /// The root file another process opens with [`ShmReader::open`].
+    pub fn shm_path(&self) -> PathBuf {
+        self.dir.join(&self.base)
+    }
+
+    /// Keep the shared-memory files when this buffer is dropped (they are
+    /// removed by default; a killed process always leaves them behind).
+    pub fn set_keep_files(&self, keep: bool) {
+        self.keep_files.store(keep, Ordering::Relaxed);
+        self.root.map_unlink(!keep);
+        for r in &self.lock().keep {
+            r.set_unlink_on_drop(!keep);
+        }
+    }
+
+    /// The directory holding the files.
+    pub fn shm_dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl shm::Root {
+    fn map_unlink(&self, on: bool) {
+        self.map.set_unlink_on_drop(on);
+    }
+}
+
+/// A reserved event: write the payload through `DerefMut`, then
+/// [`commit`](Reservation::commit) or [`discard`](Reservation::discard).
+/// Dropping it discards.
+pub struct Reservation<'a> {
+    buf: &'a RingBuffer,
+    region: &'a Region,
+    raw: RawReservation,
+    done: bool,
+}
+
+impl Reservation<'_> {
+    /// Publishes the event.
+    #[inline]
+    pub fn commit(mut self) {
+        self.done = true;
+        self.region.commit(&self.raw);
+        self.buf.after_commit();
+    }
+
+    /// Withdraws the event: readers never see it and it counts as nothing.
+    pub fn discard(mut self) {
+        self.done = true;
+        self.region.discard(&self.raw);
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.region.discard(&self.raw);
+        }
+    }
+}
+
+impl Deref for Reservation<'_> {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `payload..payload+len` is inside the slot this reservation
+        // owns until commit/discard.
+        unsafe { std::slice::from_raw_parts(self.raw.payload, self.raw.len) }
+    }
+}
+
+impl DerefMut for Reservation<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.raw.payload, self.raw.len) }
+    }
+}
+
+struct IterCpu {
+    cpu: usize,
+    /// Regions and the position each ended at when the iterator was made.
+    regions: Vec<(Arc<Region>, u64)>,
+    ri: usize,
+    pos: u64,
+    ts: u64,
+    pending: std::collections::VecDeque<Event>,
+    done: bool,
+    lost_seen: u64,
+}
+
+impl IterCpu {
+    fn refill(&mut self) {
+        let mut lost = 0;
+        while self.pending.is_empty() && !self.done {
+            let Some((r, end)) = self.regions.get(self.ri) else {
+                self.done = true;
+                return;
+            };
+            let mut out = Vec::new();
+            let res = if self.pos >= *end {
+                Err(Step::Empty)
+            } else {
+                r.read_chunk(self.pos, self.ts, &mut out)
+            };
+            match res {
+                Ok((pos, ts)) => {
+                    for (ts, data) in out {
+                        self.pending.push_back(Event {
+                            cpu: self.cpu,
+                            ts,
+                            lost_before: std::mem::take(&mut lost),
+                            data,
+                        });
+                    }
+                    // Events past the iterator's end position are left for later readers.
+                    self.pos = pos;
+                    self.ts = ts;
+                }
+                Err(Step::Gone) => {
+                    // Overwritten under us: jump to the oldest data still there.
+                    let fresh = r.reader_start().pos;
+                    let d = page::DATA_SIZE as u64;
+                    let next = if fresh > self.pos {
+                        fresh
+                    } else {
+                        (self.pos / d + 1) * d
+                    };
+                    let total = r.lost_total();
+                    lost += total.saturating_sub(self.lost_seen).max(1);
+                    self.lost_seen = total;
+                    self.pos = next;
+                    self.ts = 0;
+                }
+                Err(_) => {
+                    self.ri += 1;
+                    if let Some((r, _)) = self.regions.get(self.ri) {
+                        self.pos = r.reader_start().pos;
+                        self.ts = 0;
+                        self.lost_seen = r.lost_total();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Non-consuming iterator over events (see [`RingBuffer::iter`]).
+pub struct Iter<'a> {
+    _buf: &'a RingBuffer,
+    cpus: Vec<IterCpu>,
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Event;
+
+    fn next(&mut self) -> Option<Event> {
+        let mut best: Option<(u64, usize)> = None;
+        for (i, c) in self.cpus.iter_mut().enumerate() {
+            c.refill();
+            if let Some(e) = c.pending.front() {
+                if best.is_none_or(|(ts, _)| e.ts < ts) {
+                    best = Some((e.ts, i));
+                }
+            }
+        }
+        let (_, i) = best?;
+        self.cpus[i].pending.pop_front()
+    }
+}

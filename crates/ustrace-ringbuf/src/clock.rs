@@ -1,0 +1,252 @@
+//! Trace clocks: the `trace_clock` choices of the kernel, in user space.
+//!
+//! The writer calls [`now`] once per event, so every clock here is read
+//! without a system call: `local`/`perf` read the TSC and scale it to
+//! nanoseconds with a multiplier calibrated once (in [`init`], which
+//! `RingBuffer::new` calls), the `clock_gettime` based ones go through the
+//! vDSO, `counter` is one atomic increment and `x86-tsc` is the raw TSC.
+//!
+//! ```text
+//!   local / perf   rdtsc * mult >> 32          (ns, ~per-CPU, cheapest)
+//!   global / mono  CLOCK_MONOTONIC             (ns)
+//!   mono_raw       CLOCK_MONOTONIC_RAW         (ns)
+//!   boot           CLOCK_BOOTTIME              (ns)
+//!   tai            CLOCK_TAI                   (ns)
+//!   uptime         CLOCK_MONOTONIC_COARSE      (ns, tick resolution like jiffies)
+//!   counter        global atomic counter       (not time)
+//!   x86-tsc        rdtsc                       (cycles)
+//! ```
+//!
+//! The ring buffer never lets time run backwards inside one CPU buffer (it
+//! takes the maximum of the clock and the last stamp), so a clock that is
+//! only approximately synchronised across CPUs (the TSC) is safe to use.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
+/// A trace clock, as listed in tracefs `trace_clock`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum Clock {
+    /// TSC scaled to nanoseconds (the default).
+    #[default]
+    Local = 0,
+    /// Monotonic nanoseconds, consistent across CPUs.
+    Global = 1,
+    /// A global incrementing counter.
+    Counter = 2,
+    /// Coarse (tick resolution) monotonic time.
+    Uptime = 3,
+    /// Same source as `local`, as the kernel's perf clock.
+    Perf = 4,
+    /// `CLOCK_MONOTONIC`.
+    Mono = 5,
+    /// `CLOCK_MONOTONIC_RAW`.
+    MonoRaw = 6,
+    /// `CLOCK_BOOTTIME`.
+    Boot = 7,
+    /// `CLOCK_TAI`.
+    Tai = 8,
+    /// The raw time-stamp counter.
+    X86Tsc = 9,
+}
+
+impl Clock {
+    /// Every clock, in the order tracefs lists them.
+    pub const ALL: [Clock; 10] = [
+        Clock::Local,
+        Clock::Global,
+        Clock::Counter,
+        Clock::Uptime,
+        Clock::Perf,
+        Clock::Mono,
+        Clock::MonoRaw,
+        Clock::Boot,
+        Clock::Tai,
+        Clock::X86Tsc,
+    ];
+
+    /// The tracefs name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Clock::Local => "local",
+            Clock::Global => "global",
+            Clock::Counter => "counter",
+            Clock::Uptime => "uptime",
+            Clock::Perf => "perf",
+            Clock::Mono => "mono",
+            Clock::MonoRaw => "mono_raw",
+            Clock::Boot => "boot",
+            Clock::Tai => "tai",
+            Clock::X86Tsc => "x86-tsc",
+        }
+    }
+
+    /// Parses a tracefs name.
+    pub fn from_name(name: &str) -> Option<Clock> {
+        Clock::ALL.iter().copied().find(|c| c.name() == name.trim())
+    }
+
+    /// Whether the clock counts nanoseconds (`counter` and `x86-tsc` do not).
+    pub fn in_nanos(self) -> bool {
+        !matches!(self, Clock::Counter | Clock::X86Tsc)
+    }
+
+    pub(crate) fn from_u32(v: u32) -> Clock {
+        Clock::ALL.get(v as usize).copied().unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+/// ns = tsc * MULT >> 32; 0 = the TSC is not usable, use CLOCK_MONOTONIC.
+static TSC_MULT: AtomicU64 = AtomicU64::new(0);
+static INIT: Once = Once::new();
+
+/// Calibrates the TSC scale once. Cheap after the first call; not
+/// async-signal-safe the first time (it sleeps ~5 ms).
+pub fn init() {
+    INIT.call_once(calibrate);
+}
+
+/// The current time of `clock` (see the module table for units).
+#[inline]
+pub fn now(clock: Clock) -> u64 {
+    match clock {
+        Clock::Local | Clock::Perf => local(),
+        Clock::Global | Clock::Mono => gettime(libc::CLOCK_MONOTONIC),
+        Clock::MonoRaw => gettime(libc::CLOCK_MONOTONIC_RAW),
+        Clock::Boot => gettime(libc::CLOCK_BOOTTIME),
+        Clock::Tai => gettime(libc::CLOCK_TAI),
+        Clock::Uptime => gettime(libc::CLOCK_MONOTONIC_COARSE),
+        Clock::Counter => COUNTER.fetch_add(1, Ordering::Relaxed) + 1,
+        Clock::X86Tsc => tsc().unwrap_or_else(|| gettime(libc::CLOCK_MONOTONIC_RAW)),
+    }
+}
+
+#[inline]
+fn local() -> u64 {
+    let mult = TSC_MULT.load(Ordering::Relaxed);
+    if mult != 0 {
+        if let Some(t) = tsc() {
+            return ((u128::from(t) * u128::from(mult)) >> 32) as u64;
+        }
+    }
+    gettime(libc::CLOCK_MONOTONIC)
+}
+
+#[inline]
+fn gettime(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; clock_gettime is served by
+    // the vDSO for these clock ids and is async-signal-safe.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[inline]
+fn tsc() -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: rdtsc has no memory effects and is available on every x86_64 CPU.
+        Some(unsafe { core::arch::x86_64::_rdtsc() })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// The TSC is usable as `local` when it ticks at a constant rate through
+/// idle states (what the kernel calls a reliable TSC).
+fn tsc_is_invariant() -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return false;
+    };
+    let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+    has("constant_tsc") && has("nonstop_tsc")
+}
+
+fn calibrate() {
+    if tsc().is_none() || !tsc_is_invariant() {
+        return;
+    }
+    // Two samples 5 ms apart against the raw monotonic clock; take the
+    // tightest bracket of a few tries so a preemption does not skew it.
+    let sample = || {
+        let a = gettime(libc::CLOCK_MONOTONIC_RAW);
+        let t = tsc().unwrap_or(0);
+        let b = gettime(libc::CLOCK_MONOTONIC_RAW);
+        (a / 2 + b / 2, t, b - a)
+    };
+    let mut best: Option<(u64, u64, u64)> = None;
+    for _ in 0..3 {
+        let (n0, t0, w0) = sample();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let (n1, t1, w1) = sample();
+        if t1 <= t0 || n1 <= n0 {
+            continue;
+        }
+        let err = w0 + w1;
+        if best.is_none_or(|b| err < b.2) {
+            let mult = ((u128::from(n1 - n0) << 32) / u128::from(t1 - t0)) as u64;
+            best = Some((mult, 0, err));
+        }
+    }
+    if let Some((mult, _, _)) = best {
+        TSC_MULT.store(mult.max(1), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for c in Clock::ALL {
+            assert_eq!(Clock::from_name(c.name()), Some(c));
+            assert_eq!(Clock::from_u32(c as u32), c);
+        }
+        assert_eq!(Clock::from_name("nope"), None);
+        assert_eq!(Clock::default().name(), "local");
+    }
+
+    #[test]
+    fn local_tracks_monotonic_rate() {
+        init();
+        let l0 = now(Clock::Local);
+        let m0 = now(Clock::Mono);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let l1 = now(Clock::Local);
+        let m1 = now(Clock::Mono);
+        let (dl, dm) = ((l1 - l0) as f64, (m1 - m0) as f64);
+        assert!(
+            (dl / dm - 1.0).abs() < 0.05,
+            "local advanced {dl} ns while mono advanced {dm} ns"
+        );
+    }
+
+    #[test]
+    fn clocks_advance_and_counter_counts() {
+        init();
+        for c in Clock::ALL {
+            let a = now(c);
+            std::thread::sleep(std::time::Duration::from_millis(15));
+            let b = now(c);
+            assert!(b > a, "{c} did not advance: {a} -> {b}");
+        }
+        let a = now(Clock::Counter);
+        let b = now(Clock::Counter);
+        assert!(b > a);
+    }
+}

@@ -1,0 +1,307 @@
+//! Single-threaded behaviour of the public API: what goes in comes out, in
+//! order, with the kernel's accounting.
+
+use std::time::Duration;
+use ustrace_ringbuf::page::{PageDecoder, DATA_SIZE, PAGE_SIZE};
+use ustrace_ringbuf::{clock::Clock, Config, RingBuffer};
+
+fn buf(name: &str, pages: usize, overwrite: bool) -> RingBuffer {
+    RingBuffer::new(Config {
+        nr_cpus: 1,
+        size_per_cpu: pages * DATA_SIZE,
+        overwrite,
+        clock: Clock::Local,
+        name: name.into(),
+    })
+    .unwrap()
+}
+
+fn ev(i: u32, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len.max(4)];
+    v[..4].copy_from_slice(&i.to_le_bytes());
+    for (k, b) in v.iter_mut().enumerate().skip(4) {
+        *b = (i as usize + k) as u8;
+    }
+    v.truncate(len.max(4));
+    v
+}
+
+#[test]
+fn write_then_consume_in_order() {
+    let rb = buf("basic", 4, true);
+    for i in 0..100u32 {
+        assert!(rb.write(&ev(i, 4 + (i as usize % 150))));
+    }
+    assert_eq!(rb.stats(0).entries, 100);
+    assert_eq!(rb.iter().count(), 100, "iter is not consuming");
+    let mut last = 0;
+    for i in 0..100u32 {
+        let e = rb.consume(0).expect("event");
+        let want = ev(i, 4 + (i as usize % 150));
+        assert_eq!(&e.data[..want.len()], &want[..]);
+        assert!(e.data[want.len()..].iter().all(|&b| b == 0));
+        assert!(e.ts >= last);
+        last = e.ts;
+        assert_eq!(e.lost_before, 0);
+    }
+    assert!(rb.consume(0).is_none());
+    let s = rb.stats(0);
+    assert_eq!(
+        (s.entries, s.read_events, s.written, s.overrun),
+        (0, 100, 100, 0)
+    );
+}
+
+#[test]
+fn overwrite_counts_overrun_and_reports_lost() {
+    let rb = buf("ovw", 2, true);
+    let n = 2000u32;
+    for i in 0..n {
+        assert!(rb.write(&ev(i, 40)));
+    }
+    let s = rb.stats(0);
+    assert_eq!(s.entries + s.overrun, n as u64);
+    assert!(s.overrun > 0);
+    let first = rb.consume(0).unwrap();
+    assert_eq!(first.lost_before, s.overrun);
+    let first_id = u32::from_le_bytes(first.data[..4].try_into().unwrap());
+    assert_eq!(
+        first_id as u64, s.overrun,
+        "the oldest surviving event follows the lost ones"
+    );
+    let mut count = 1;
+    while rb.consume(0).is_some() {
+        count += 1;
+    }
+    assert_eq!(count, s.entries);
+    assert_eq!(rb.written(), s.overrun);
+}
+
+#[test]
+fn producer_consumer_drops_new_events() {
+    let rb = buf("pc", 2, false);
+    let mut ok = 0u64;
+    let mut failed = 0u64;
+    for i in 0..2000u32 {
+        if rb.write(&ev(i, 40)) {
+            ok += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    let s = rb.stats(0);
+    assert!(failed > 0);
+    assert_eq!(s.dropped_events + s.commit_overrun, failed);
+    assert_eq!(s.entries, ok);
+    // The oldest events are kept.
+    let first = rb.consume(0).unwrap();
+    assert_eq!(u32::from_le_bytes(first.data[..4].try_into().unwrap()), 0);
+    // After reading a page's worth, writing works again.
+    while rb.consume(0).is_some() {}
+    assert!(rb.write(&ev(9999, 40)));
+}
+
+#[test]
+fn discard_and_drop_hide_events_and_keep_time() {
+    let rb = buf("discard", 4, true);
+    assert!(rb.write(b"keep"));
+    let r = rb.reserve(16).unwrap();
+    r.discard();
+    {
+        let _r = rb.reserve(100).unwrap(); // dropped without commit = discard
+    }
+    let mut r = rb.reserve(4).unwrap();
+    r.copy_from_slice(b"also");
+    r.commit();
+    let evs: Vec<_> = rb.iter().collect();
+    assert_eq!(evs.len(), 2);
+    assert_eq!(&evs[0].data[..], b"keep");
+    assert_eq!(&evs[1].data[..], b"also");
+    assert_eq!(rb.stats(0).written, 2);
+}
+
+#[test]
+fn recording_off_and_too_big() {
+    let rb = buf("rec", 4, true);
+    rb.set_recording(false);
+    assert!(!rb.write(b"x"));
+    rb.set_recording(true);
+    assert!(rb.reserve(ustrace_ringbuf::MAX_PAYLOAD + 1).is_none());
+    assert!(rb.write(&vec![7u8; ustrace_ringbuf::MAX_PAYLOAD]));
+    let e = rb.consume(0).unwrap();
+    assert_eq!(e.data.len(), ustrace_ringbuf::MAX_PAYLOAD);
+}
+
+#[test]
+fn read_page_returns_kernel_pages() {
+    let rb = buf("raw", 8, true);
+    for i in 0..300u32 {
+        rb.write(&ev(i, 24));
+    }
+    // Consume a few events first: the page reader returns the rest of that page.
+    for _ in 0..3 {
+        rb.consume(0).unwrap();
+    }
+    let mut next = 3u32;
+    let mut pages = 0;
+    while let Some(page) = rb.read_page(0) {
+        assert_eq!(page.len(), PAGE_SIZE);
+        pages += 1;
+        let dec = PageDecoder::new(&page).unwrap();
+        assert_eq!(dec.missed_events(), None);
+        for e in dec {
+            assert_eq!(u32::from_le_bytes(e.data[..4].try_into().unwrap()), next);
+            next += 1;
+        }
+    }
+    assert_eq!(next, 300);
+    assert!(pages >= 2);
+    assert_eq!(rb.stats(0).read_events, 300);
+}
+
+#[test]
+fn read_page_flags_lost_events() {
+    let rb = buf("rawlost", 2, true);
+    for i in 0..1000u32 {
+        rb.write(&ev(i, 24));
+    }
+    let overrun = rb.stats(0).overrun;
+    let page = rb.read_page(0).unwrap();
+    let dec = PageDecoder::new(&page).unwrap();
+    assert_eq!(dec.missed_events(), Some(overrun));
+}
+
+#[test]
+fn reset_clears_everything() {
+    let rb = buf("reset", 2, true);
+    for i in 0..1000u32 {
+        rb.write(&ev(i, 24));
+    }
+    rb.reset();
+    let s = rb.stats(0);
+    assert_eq!(
+        s,
+        ustrace_ringbuf::CpuStats {
+            now_ts: s.now_ts,
+            ..Default::default()
+        }
+    );
+    assert!(rb.consume(0).is_none());
+    assert!(rb.write(b"new!"));
+    assert_eq!(&rb.consume(0).unwrap().data[..], b"new!");
+}
+
+#[test]
+fn resize_keeps_unread_events() {
+    let rb = buf("resize", 2, true);
+    for i in 0..10u32 {
+        rb.write(&ev(i, 24));
+    }
+    rb.resize(10 * DATA_SIZE).unwrap();
+    assert_eq!(rb.size_per_cpu(), 10 * DATA_SIZE);
+    for i in 10..20u32 {
+        rb.write(&ev(i, 24));
+    }
+    let ids: Vec<u32> = rb
+        .iter()
+        .map(|e| u32::from_le_bytes(e.data[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(ids, (0..20).collect::<Vec<_>>());
+    for i in 0..20u32 {
+        let e = rb.consume(0).unwrap();
+        assert_eq!(u32::from_le_bytes(e.data[..4].try_into().unwrap()), i);
+    }
+    let s = rb.stats(0);
+    assert_eq!((s.written, s.read_events, s.entries), (20, 20, 0));
+    rb.resize(3000).unwrap();
+    assert_eq!(rb.size_per_cpu(), 2 * DATA_SIZE, "at least two pages");
+}
+
+#[test]
+fn swap_exchanges_contents() {
+    let a = buf("swapa", 4, true);
+    let b = buf("swapb", 4, true);
+    a.write(b"aaaa");
+    b.write(b"bbbb");
+    b.write(b"bbb2");
+    a.swap(&b).unwrap();
+    assert_eq!(a.iter().count(), 2);
+    assert_eq!(&b.consume(0).unwrap().data[..], b"aaaa");
+    a.write(b"new!");
+    assert_eq!(a.iter().count(), 3);
+    let c = buf("swapc", 8, true);
+    assert!(a.swap(&c).is_err());
+    assert!(a.swap(&a).is_err());
+}
+
+#[test]
+fn clock_change_resets_and_stamps_with_new_clock() {
+    let rb = buf("clock", 4, true);
+    rb.write(b"old!");
+    rb.set_clock(Clock::Counter);
+    assert_eq!(rb.clock(), Clock::Counter);
+    assert!(rb.consume(0).is_none());
+    rb.write(b"one!");
+    rb.write(b"two!");
+    let a = rb.consume(0).unwrap();
+    let b = rb.consume(0).unwrap();
+    assert!(
+        b.ts > a.ts && b.ts - a.ts < 1000,
+        "counter stamps: {} then {}",
+        a.ts,
+        b.ts
+    );
+}
+
+#[test]
+fn wait_times_out_then_wakes() {
+    let rb = std::sync::Arc::new(buf("wait", 4, true));
+    assert!(!rb.wait(Some(0), Some(Duration::from_millis(20))));
+    let rb2 = rb.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        rb2.write(b"ping");
+    });
+    let start = std::time::Instant::now();
+    assert!(rb.wait(None, Some(Duration::from_secs(5))));
+    assert!(start.elapsed() < Duration::from_secs(2));
+    t.join().unwrap();
+    assert!(rb.wait(Some(0), Some(Duration::ZERO)));
+}
+
+#[test]
+fn consume_any_merges_by_time() {
+    let rb = RingBuffer::new(Config {
+        nr_cpus: 2,
+        size_per_cpu: 4 * DATA_SIZE,
+        overwrite: true,
+        clock: Clock::Counter,
+        name: "any".into(),
+    })
+    .unwrap();
+    for i in 0..50u32 {
+        rb.write(&ev(i, 8));
+    }
+    let mut last = 0;
+    for _ in 0..50 {
+        let e = rb.consume_any().unwrap();
+        assert!(e.ts > last);
+        last = e.ts;
+    }
+    assert!(rb.consume_any().is_none());
+}
+
+#[test]
+fn big_time_gaps_use_time_extends() {
+    let rb = buf("extend", 4, true);
+    rb.write(b"tick");
+    std::thread::sleep(Duration::from_millis(150)); // > 2^27 ns
+    rb.write(b"tock");
+    let evs: Vec<_> = rb.iter().collect();
+    assert_eq!(evs.len(), 2);
+    let gap = evs[1].ts - evs[0].ts;
+    assert!(gap >= 140_000_000, "gap {gap}");
+    let page = rb.read_page(0).unwrap();
+    let evs2: Vec<_> = PageDecoder::new(&page).unwrap().map(|e| e.ts).collect();
+    assert_eq!(evs2, vec![evs[0].ts, evs[1].ts]);
+}
