@@ -1,16 +1,36 @@
 //! `ustrace`: the command-line door to ustrace.
 //!
 //! `demo` and `bench` run in this process on the built-in workload; the other verbs reach a
-//! running process's tracefs over its control socket or a FUSE mount.
+//! running process's tracefs over its control socket (`ps`, `cat`, `write`, `ls`, `pipe`) or
+//! a FUSE mount (`mount`).
 
 mod bench;
 mod demo;
+mod mount;
+mod remote;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+const EXAMPLES: &str = "\
+Examples:
+  USTRACE_SERVE=1 ./my-program &        start a program that serves its tracefs
+  ustrace demo --serve &                or the built-in workload
+  ustrace ps                            list the processes that serve one
+  ustrace ls -p 1234 events/kv          look around
+  ustrace write -p 1234 events/kv/enable 1
+  ustrace cat -p 1234 trace
+  ustrace pipe -p 1234                  stream events until Ctrl-C
+  sudo ustrace mount -p 1234 /mnt/t &   then use it as /sys/kernel/tracing:
+  echo 1 > /mnt/t/events/kv/enable; cat /mnt/t/trace_pipe";
+
 #[derive(Parser)]
-#[command(name = "ustrace", version, about = "The kernel's event tracing, inside any Linux process")]
+#[command(
+    name = "ustrace",
+    version,
+    about = "The kernel's event tracing, inside any Linux process",
+    after_help = EXAMPLES
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,6 +42,36 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure the cost of each hot path on this machine.
     Bench(bench::BenchArgs),
+    /// List the processes that serve a tracefs.
+    #[command(after_help = "Example:\n  ustrace ps")]
+    Ps,
+    /// Print a tracefs file of a running process (streams a pipe until Ctrl-C).
+    #[command(after_help = "Examples:\n  ustrace cat -p 1234 trace\n  \
+                            ustrace cat -p 1234 events/kv/get/format")]
+    Cat(remote::CatArgs),
+    /// Write to a tracefs file of a running process, as `echo TEXT > FILE` would.
+    #[command(
+        after_help = "Examples:\n  ustrace write -p 1234 events/kv/enable 1\n  \
+                            ustrace write -p 1234 events/kv/get/filter 'latency_ns > 1000'\n  \
+                            ustrace write -p 1234 --append set_event 'kv:put'\n  \
+                            ustrace write -p 1234 trace ''      (clears the buffer)"
+    )]
+    Write(remote::WriteArgs),
+    /// List a directory of a running process's tracefs.
+    #[command(after_help = "Examples:\n  ustrace ls -p 1234\n  ustrace ls -p 1234 events")]
+    Ls(remote::LsArgs),
+    /// Stream a running process's trace_pipe until interrupted.
+    #[command(after_help = "Examples:\n  ustrace pipe -p 1234\n  \
+                            ustrace pipe -p 1234 --instance foo")]
+    Pipe(remote::PipeArgs),
+    /// Mount a running process's tracefs on a directory until interrupted.
+    #[command(after_help = "Examples:\n  ustrace mount -p 1234 /mnt/t &\n  \
+                            echo 1 > /mnt/t/events/kv/enable\n  cat /mnt/t/trace\n  \
+                            mkdir /mnt/t/instances/foo\n  \
+                            cat /mnt/t/trace_pipe       (Ctrl-C to stop)\n\
+                            As root no fusermount is needed. A mount left by a killed \
+                            `ustrace mount` is cleaned up by the next one on the same directory.")]
+    Mount(mount::MountArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,6 +79,12 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Ps => remote::ps(),
+        Command::Cat(args) => remote::cat(args),
+        Command::Write(args) => remote::write(args),
+        Command::Ls(args) => remote::ls(args),
+        Command::Pipe(args) => remote::pipe(args),
+        Command::Mount(args) => mount::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,79 @@
+//! `ustrace mount`: a running process's tracefs on a directory, until Ctrl-C.
+//!
+//! The FUSE session runs on background threads (`ustrace_ctl::fuse::Mount`); this thread
+//! blocks SIGINT, SIGTERM and SIGHUP before any of them start — so no FUSE thread is ever
+//! interrupted mid-request — and waits for one of them with `sigtimedwait`. Every tick it
+//! also checks whether the traced process went away or someone ran `umount DIR`. Leaving
+//! unmounts (lazily, so a busy mount still goes).
+
+use std::path::PathBuf;
+use ustrace_ctl::discover;
+use ustrace_ctl::fuse::{Mount, MountOptions};
+
+#[derive(clap::Args)]
+pub struct MountArgs {
+    #[command(flatten)]
+    pub target: crate::remote::PidArg,
+    /// An existing empty directory to mount on.
+    pub dir: PathBuf,
+    /// Let other users use the mount too (FUSE `allow_other`).
+    #[arg(long)]
+    pub allow_other: bool,
+}
+
+fn signal_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a sigset_t we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        set
+    }
+}
+
+pub fn run(args: MountArgs) -> Result<(), String> {
+    let socket = discover::find_socket(args.target.pid).map_err(|e| e.to_string())?;
+    let set = signal_set();
+    // SAFETY: blocks signals in this thread only; threads spawned after inherit the mask.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(format!(
+            "cannot block signals: {}",
+            std::io::Error::from_raw_os_error(rc)
+        ));
+    }
+    let options = MountOptions {
+        allow_other: args.allow_other,
+        ..MountOptions::default()
+    };
+    let mount = Mount::spawn(&socket, &args.dir, &options).map_err(|e| e.to_string())?;
+    eprintln!(
+        "ustrace: pid {}'s tracefs is mounted on {} (Ctrl-C or `umount {}` to unmount)",
+        args.target.pid,
+        mount.dir().display(),
+        mount.dir().display()
+    );
+    let tick = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 200_000_000,
+    };
+    loop {
+        // SAFETY: waits for one of the blocked signals in `set`; no siginfo is requested.
+        let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &tick) };
+        if sig > 0 {
+            break;
+        }
+        if mount.server_gone() {
+            eprintln!("ustrace: process {} went away; unmounting", args.target.pid);
+            break;
+        }
+        if mount.session_ended() {
+            eprintln!("ustrace: {} was unmounted", mount.dir().display());
+            break;
+        }
+    }
+    mount.unmount();
+    Ok(())
+}
