@@ -218,6 +218,21 @@ impl Inventory {
         out
     }
 
+    /// ftrace's `pattern:mod:object` form: [`Inventory::glob`] restricted to
+    /// objects whose file name (`libc.so.6`) or stem before `.so` (`libc`)
+    /// matches the glob `object`. The main executable matches by its file name.
+    pub fn glob_in_object(&self, pattern: &str, object: &str) -> Vec<&Symbol> {
+        let obj_pat = object.as_bytes();
+        self.glob(pattern)
+            .into_iter()
+            .filter(|s| {
+                let base = s.object_name();
+                let stem = base.split(".so").next().unwrap_or(base);
+                glob_match(obj_pat, base.as_bytes()) || glob_match(obj_pat, stem.as_bytes())
+            })
+            .collect()
+    }
+
     /// The kernel's `%pS`: `name+0x1a/0x40`, with ` [object]` appended for
     /// functions outside the main executable (as the kernel appends a module
     /// name); `0x<hex>` when no function contains `addr`.

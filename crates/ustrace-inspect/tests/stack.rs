@@ -39,16 +39,18 @@ fn names(addrs: &[usize]) -> Vec<String> {
 #[test]
 fn capture_yields_the_call_chain_innermost_first() {
     let mut out = [0usize; 64];
-    let n = chain_outer(0, &mut out, false);
+    let n = chain_root(&mut out);
     let got = names(&out[..n]);
     assert!(n >= 4, "{got:?}");
     assert_eq!(got[0], "stack::chain_inner");
     assert_eq!(got[1], "stack::chain_middle");
     assert_eq!(got[2], "stack::chain_outer");
-    assert_eq!(
-        got[3],
-        "stack::capture_yields_the_call_chain_innermost_first"
-    );
+    assert_eq!(got[3], "stack::chain_root");
+}
+
+#[inline(never)]
+fn chain_root(out: &mut [usize]) -> usize {
+    black_box(chain_outer(0, out, false)) + black_box(0)
 }
 
 #[test]
@@ -105,4 +107,19 @@ fn format_matches_kernel_stack_entry_layout() {
     // Unknown addresses print as hex; 0 prints as "0"; ULONG_MAX ends the list.
     let odd = stack::format_kernel_style(&inv, &[0x10, 0, usize::MAX, 0x20]);
     assert_eq!(odd, " => 0x00000010\n => 0\n");
+}
+
+#[test]
+fn capture_cost() {
+    let mut out = [0usize; 32];
+    let n = chain_outer(0, &mut out, false);
+    let iters = 20_000;
+    let t = std::time::Instant::now();
+    for _ in 0..iters {
+        black_box(chain_outer(0, &mut out, false));
+    }
+    let per = t.elapsed().as_nanos() as f64 / iters as f64;
+    eprintln!("stack::capture of {n} frames: {per:.0} ns");
+    // Generous bound: catches a lock convoy or a syscall per frame, not noise.
+    assert!(per < 200_000.0, "{per} ns");
 }

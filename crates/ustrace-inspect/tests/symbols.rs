@@ -118,6 +118,14 @@ fn glob_semantics_on_the_inventory() {
     // One result per address, in address order.
     assert!(many.windows(2).all(|w| w[0].addr < w[1].addr));
     assert!(inv.glob("no_such_function_anywhere_*").is_empty());
+    // The :mod: form narrows by object.
+    let in_libc = inv.glob_in_object("getpid", "libc");
+    assert_eq!(in_libc.len(), 1);
+    assert_eq!(inv.glob_in_object("getpid", "libc.so.*").len(), 1);
+    assert!(inv.glob_in_object("getpid", "libm").is_empty());
+    assert!(inv
+        .glob_in_object("ustrace_inspect_probe_target", "libc")
+        .is_empty());
 }
 
 #[test]
