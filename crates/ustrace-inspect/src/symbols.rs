@@ -93,6 +93,8 @@ pub enum SymbolSource {
     Dynsym,
     /// The `.symtab` of a separate debug file found by build-id.
     DebugFile(Arc<str>),
+    /// The image in memory (the vDSO, which has no file).
+    Memory,
     /// Nothing usable (file missing or unreadable); the reason in words.
     Unavailable(String),
 }
@@ -235,10 +237,15 @@ impl Inventory {
 
     /// The kernel's `%pS`: `name+0x1a/0x40`, with ` [object]` appended for
     /// functions outside the main executable (as the kernel appends a module
-    /// name); `0x<hex>` when no function contains `addr`.
+    /// name); `0x<hex>` (unpadded, as `sprint_symbol`) when no function
+    /// contains `addr`.
     pub fn format_sym_off(&self, addr: usize) -> String {
         let mut s = String::new();
-        self.write_sym(&mut s, addr, true);
+        if self.lookup(addr).is_some() {
+            self.write_sym(&mut s, addr, true);
+        } else {
+            let _ = write!(s, "{addr:#x}");
+        }
         s
     }
 
@@ -361,8 +368,23 @@ pub fn build_inventory() -> Inventory {
         } else {
             name
         };
+        if path.starts_with("linux-vdso") || path.starts_with("linux-gate") {
+            let path: Arc<str> = Arc::from(path.as_str());
+            let mut obj = LoadedObject {
+                path,
+                bias,
+                is_main: false,
+                build_id: None,
+                source: SymbolSource::Memory,
+            };
+            if let Err(e) = read_vdso_functions(&obj, &mut functions) {
+                obj.source = SymbolSource::Unavailable(e.to_string());
+            }
+            objects.push(obj);
+            continue;
+        }
         if path.is_empty() || !path.starts_with('/') {
-            // vdso ("linux-vdso.so.1") and anything else without a file.
+            // Anything else without a file on disk.
             continue;
         }
         let path: Arc<str> = Arc::from(path.as_str());
@@ -685,6 +707,47 @@ fn read_object_functions(obj: &mut LoadedObject, out: &mut Vec<Symbol>) -> Resul
     Ok(())
 }
 
+/// The vDSO's functions, parsed from the image the kernel mapped (copied out
+/// with fault-safe reads, its extent taken from its own ELF header).
+fn read_vdso_functions(obj: &LoadedObject, out: &mut Vec<Symbol>) -> Result<(), SymbolError> {
+    // SAFETY: getauxval has no preconditions.
+    let base = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) } as usize;
+    if base == 0 {
+        return Err(SymbolError("no vdso (AT_SYSINFO_EHDR is 0)".into()));
+    }
+    let fault = |e: crate::uaccess::Fault| SymbolError(format!("vdso: {e}"));
+    let mut ehdr = [0u8; 64];
+    crate::uaccess::read(base, &mut ehdr).map_err(fault)?;
+    if &ehdr[..4] != b"\x7fELF" || ehdr[4] != 2 {
+        return Err(SymbolError("vdso: not a 64-bit elf image".into()));
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([ehdr[o], ehdr[o + 1]]) as usize;
+    let shoff = u64::from_le_bytes(ehdr[0x28..0x30].try_into().unwrap_or([0; 8])) as usize;
+    let len = shoff + u16_at(0x3a) * u16_at(0x3c);
+    if len == 0 || len > 1 << 20 {
+        return Err(SymbolError(format!("vdso: implausible image size {len}")));
+    }
+    let mut image = vec![0u8; len];
+    crate::uaccess::read(base, &mut image).map_err(fault)?;
+    let mut raw = elf_functions(&image, elf::SHT_SYMTAB)?;
+    if raw.is_empty() {
+        raw = elf_functions(&image, elf::SHT_DYNSYM)?;
+    }
+    for f in raw.iter().filter(|f| !f.ifunc) {
+        let mangled = String::from_utf8_lossy(f.name).into_owned();
+        out.push(Symbol {
+            name: demangle(&mangled),
+            mangled,
+            addr: (f.value as usize).wrapping_add(obj.bias),
+            size: f.size as usize,
+            object: Arc::clone(&obj.path),
+            binding: f.binding,
+            ifunc: false,
+        });
+    }
+    Ok(())
+}
+
 /// Lists each IFUNC at the function the dynamic linker chose for it.
 fn resolve_ifuncs(
     obj: &LoadedObject,
@@ -888,7 +951,10 @@ mod tests {
         assert_eq!(inv.format_sym_off(0x1012), "inner+0x2/0x8");
         // Past the nested symbol but still inside the outer one.
         assert_eq!(inv.format_sym_off(0x1020), "a+0x20/0x40");
-        assert_eq!(inv.format_sym_off(0x1040), "0x00001040");
+        assert_eq!(inv.format_sym_off(0x1040), "0x1040");
+        let mut padded = String::new();
+        inv.write_sym(&mut padded, 0x1040, true);
+        assert_eq!(padded, "0x00001040");
         assert_eq!(inv.format_sym_off(0x9004), "libfn+0x4/0x20 [libx.so.1]");
         let mut s = String::new();
         inv.write_ip_sym(

@@ -283,3 +283,33 @@ fn stripped_library_uses_dynsym_and_sizes_ifunc_from_eh_frame() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn vdso_functions_are_listed() {
+    let inv = symbols::inventory();
+    let Some(vdso) = inv
+        .objects()
+        .iter()
+        .find(|o| o.path.starts_with("linux-vdso"))
+    else {
+        eprintln!("skipped: no vdso in this process");
+        return;
+    };
+    assert_eq!(
+        vdso.source,
+        symbols::SymbolSource::Memory,
+        "{:?}",
+        vdso.source
+    );
+    // The vDSO exports both names at one address; lookups prefer the one
+    // without underscores.
+    let found = inv.find("__vdso_clock_gettime");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].object_name(), "linux-vdso.so.1");
+    let (s, off) = inv.lookup(found[0].addr + 1).unwrap();
+    assert_eq!((s.name.as_str(), off), ("clock_gettime", 1));
+    assert!(inv
+        .available_filter_functions()
+        .lines()
+        .any(|l| l == "clock_gettime [linux-vdso.so.1]"));
+}
