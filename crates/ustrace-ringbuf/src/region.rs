@@ -727,7 +727,7 @@ impl Region {
             if p1 <= s * D {
                 return PageState::Empty;
             }
-            if p1 >= (s + n) * D {
+            if p1 > (s + n) * D {
                 return PageState::Gone;
             }
             let w = self.word(s).load(Ordering::SeqCst);
@@ -760,7 +760,7 @@ impl Region {
         // detects that and the copy is thrown away (seqlock read).
         unsafe { std::ptr::copy_nonoverlapping(self.page_ptr(s), buf.as_mut_ptr(), PAGE_SIZE) };
         fence(Ordering::Acquire);
-        self.pos() < (s + self.nr_pages as u64) * D
+        self.pos() <= (s + self.nr_pages as u64) * D
     }
 
     /// Reads one step at position `pos`, `ts_hint` being the time at `pos`

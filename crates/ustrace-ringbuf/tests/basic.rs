@@ -305,3 +305,44 @@ fn big_time_gaps_use_time_extends() {
     let evs2: Vec<_> = PageDecoder::new(&page).unwrap().map(|e| e.ts).collect();
     assert_eq!(evs2, vec![evs[0].ts, evs[1].ts]);
 }
+
+/// Mixed writes, consumes and page reads in producer/consumer mode: the
+/// entry count always matches, and everything written can be drained.
+#[test]
+fn producer_consumer_accounting_over_cycles() {
+    let rb = RingBuffer::new(Config {
+        nr_cpus: 1,
+        size_per_cpu: 3 * DATA_SIZE,
+        overwrite: false,
+        clock: Clock::Local,
+        name: "cycles".into(),
+    })
+    .unwrap();
+    let mut ok = 0u64;
+    let mut read = 0u64;
+    for round in 0..50 {
+        for i in 0..(round * 37 % 300 + 1) {
+            if rb.write(&vec![i as u8; 24 + (i * 7 + round) % 200]) {
+                ok += 1;
+            }
+        }
+        let k = round * 13 % 200;
+        for _ in 0..k {
+            if rb.consume(0).is_some() {
+                read += 1;
+            }
+        }
+        if round.is_multiple_of(3) {
+            while let Some(p) = rb.read_page(0) {
+                read += ustrace_ringbuf::page::PageDecoder::new(&p).unwrap().count() as u64;
+            }
+        }
+        let s = rb.stats(0);
+        assert_eq!(s.entries, ok - read, "round {round}: {s:?}");
+    }
+    while rb.consume(0).is_some() {
+        read += 1;
+    }
+    let s = rb.stats(0);
+    assert_eq!(s.entries, 0, "{s:?} ok {ok} read {read}");
+}
