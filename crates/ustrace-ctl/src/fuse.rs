@@ -61,6 +61,9 @@ fn cerr(e: &CtlError) -> fuser::Errno {
     ferr(e.errno())
 }
 
+/// A directory's entries as the kernel gets them: inode, type, name.
+type Listing = Vec<(u64, FileType, String)>;
+
 /// Two-way map between inode numbers and tracefs paths. Numbers are never reused, so a stale
 /// inode can only ever name the path it was given for.
 struct Inodes {
@@ -123,6 +126,8 @@ struct Adapter {
     pool: Mutex<Vec<Client>>,
     inodes: Mutex<Inodes>,
     files: Mutex<HashMap<u64, Arc<Mutex<OpenRemote>>>>,
+    /// Directory listings taken at opendir, by directory handle.
+    listings: Mutex<HashMap<u64, Listing>>,
     next_fh: AtomicU64,
     uid: u32,
     gid: u32,
@@ -212,6 +217,35 @@ impl Adapter {
         let st = self.with_client(|c| c.stat(path))?;
         let ino = lock(&self.inodes).ino(path);
         Ok(self.attr(ino, st))
+    }
+
+    /// A directory's entries with `.` and `..`, numbered for the inode table.
+    fn listing(&self, ino: INodeNo) -> Result<Listing, fuser::Errno> {
+        let path = self.path(ino)?;
+        let entries = self.with_client(|c| c.readdir(&path))?;
+        let mut inodes = lock(&self.inodes);
+        let parent_ino = match path.rfind('/') {
+            _ if path.is_empty() => 1,
+            Some(i) => inodes.ino(&path[..i]),
+            None => 1,
+        };
+        let mut all = vec![
+            (ino.0, FileType::Directory, ".".to_owned()),
+            (parent_ino, FileType::Directory, "..".to_owned()),
+        ];
+        for DirEntry { name, kind } in entries {
+            let child = if path.is_empty() {
+                name.clone()
+            } else {
+                format!("{path}/{name}")
+            };
+            let kind = match kind {
+                FileKind::Dir => FileType::Directory,
+                FileKind::File => FileType::RegularFile,
+            };
+            all.push((inodes.ino(&child), kind, name));
+        }
+        Ok(all)
     }
 
     fn file(&self, fh: FileHandle) -> Result<Arc<Mutex<OpenRemote>>, fuser::Errno> {
@@ -522,54 +556,48 @@ impl Filesystem for Adapter {
         reply.ok();
     }
 
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
+        // One listing per opendir: `ls` pages through it in several readdir calls, and every
+        // page must come from the same snapshot, as on the kernel's tracefs.
+        match self.listing(ino) {
+            Ok(all) => {
+                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+                lock(&self.listings).insert(fh, all);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn readdir(
         &self,
         _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        _ino: INodeNo,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let listing = self
-            .path(ino)
-            .and_then(|p| Ok((self.with_client(|c| c.readdir(&p))?, p)));
-        let (entries, path) = match listing {
-            Ok(l) => l,
-            Err(e) => return reply.error(e),
+        let listings = lock(&self.listings);
+        let Some(all) = listings.get(&fh.0) else {
+            return reply.error(fuser::Errno::EBADF);
         };
-        let parent_ino = {
-            let mut inodes = lock(&self.inodes);
-            let parent = path.rfind('/').map_or("", |i| &path[..i]).to_owned();
-            if path.is_empty() {
-                1
-            } else {
-                inodes.ino(&parent)
-            }
-        };
-        let mut all: Vec<(u64, FileType, String)> = vec![
-            (ino.0, FileType::Directory, ".".into()),
-            (parent_ino, FileType::Directory, "..".into()),
-        ];
-        {
-            let mut inodes = lock(&self.inodes);
-            for DirEntry { name, kind } in entries {
-                let child = if path.is_empty() {
-                    name.clone()
-                } else {
-                    format!("{path}/{name}")
-                };
-                let kind = match kind {
-                    FileKind::Dir => FileType::Directory,
-                    FileKind::File => FileType::RegularFile,
-                };
-                all.push((inodes.ino(&child), kind, name));
-            }
-        }
-        for (i, (child, kind, name)) in all.into_iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(child), (i + 1) as u64, kind, &name) {
+        for (i, (child, kind, name)) in all.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*child), (i + 1) as u64, *kind, name) {
                 break;
             }
         }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: fuser::OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.listings).remove(&fh.0);
         reply.ok();
     }
 }
@@ -659,6 +687,7 @@ impl Mount {
             pool: Mutex::new(Vec::new()),
             inodes: Mutex::new(Inodes::new()),
             files: Mutex::new(HashMap::new()),
+            listings: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             // SAFETY: getuid/getgid have no preconditions and cannot fail.
             uid: unsafe { libc::getuid() },

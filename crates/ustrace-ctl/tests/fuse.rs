@@ -155,6 +155,20 @@ fn the_shell_uses_the_mount_as_it_uses_tracefs() {
     s.fs.add_file("big", 0o444, &big, None);
     assert_eq!(std::fs::read(dir.join("big")).unwrap(), big);
 
+    // A directory too long for one readdir page.
+    s.fs.add_dir("many", 0o755, false);
+    for i in 0..600 {
+        s.fs.add_file(
+            &format!("many/a_rather_long_event_name_{i:04}"),
+            0o644,
+            b"",
+            None,
+        );
+    }
+    let listed = sh_ok(&format!("ls {d}/many"));
+    assert_eq!(listed.lines().count(), 600);
+    assert!(listed.lines().last().unwrap().ends_with("_0599"));
+
     drop(m);
     assert!(mount_line(&dir).is_none(), "still mounted after drop");
 }
