@@ -151,20 +151,25 @@ pub fn write_end_padding(buf: &mut [u8]) {
     }
 }
 
-/// Turns the `total` bytes of an event (extend included) at the start of `buf`
-/// into something every reader skips while keeping the clock exact: a time
-/// extend carrying the event's delta, then a discard-padding for the rest.
+/// Turns the `total` bytes of a reserved event into a discarded event, as
+/// the kernel does: a padding record whose `time_delta` carries the event's
+/// delta (readers add it, so later events keep their times) and whose
+/// `array[0]` gives its length. A delta of 0 must be written as 1 (0 marks
+/// the end of the page), which moves later times on the page by 1 ns — the
+/// kernel's behaviour too. With `extend`, the first 8 bytes are the event's
+/// time extend; it keeps all of the delta but the 1 the padding carries.
 #[inline]
-pub fn write_discarded(buf: &mut [u8], total: usize, delta: u64) {
-    write_time_extend(buf, delta);
-    let rest = total - TIME_EXTEND_SIZE;
-    if rest >= 8 {
-        buf[8..12].copy_from_slice(&header_word(TYPE_PADDING, 1).to_ne_bytes());
-        buf[12..16].copy_from_slice(&((rest - 4) as u32).to_ne_bytes());
+pub fn write_discarded(buf: &mut [u8], total: usize, delta: u64, extend: bool) {
+    let (at, pad_delta) = if extend {
+        write_time_extend(buf, delta - 1);
+        (TIME_EXTEND_SIZE, 1)
     } else {
-        // Event sizes are 8 or >= 16 (12 is grown to 16), so `rest` is 0 here.
-        debug_assert_eq!(rest, 0);
-    }
+        debug_assert!(delta <= TS_MASK);
+        (0, delta.max(1) as u32)
+    };
+    let size = total - at;
+    buf[at..at + 4].copy_from_slice(&header_word(TYPE_PADDING, pad_delta).to_ne_bytes());
+    buf[at + 4..at + 8].copy_from_slice(&((size - 4) as u32).to_ne_bytes());
 }
 
 /// Reads a native-endian u32 at `off`.
@@ -366,9 +371,11 @@ impl<'a> PageDecoder<'a> {
                     if size < 8 || size > rest {
                         return self.fail();
                     }
-                    if size == rest {
+                    if off + size == DATA_SIZE {
                         (size, RecordKind::EndPadding)
                     } else {
+                        // A discarded event: its delta still counts (as kbuffer does).
+                        self.ts = self.ts.wrapping_add(delta);
                         (size, RecordKind::Discarded)
                     }
                 }
@@ -538,18 +545,25 @@ impl PageWriter {
     }
 
     /// Appends a discarded event of `len` payload bytes at `ts` (readers skip
-    /// it; the clock still advances). Returns false when it does not fit.
+    /// it; see [`write_discarded`] for its effect on time). Returns false
+    /// when it does not fit.
     pub fn push_discarded(&mut self, ts: u64, len: usize) -> bool {
         assert!(ts >= self.last_ts, "timestamps must not go backwards");
         let delta = ts - self.last_ts;
-        let total = event_size(len);
+        let extend = delta > TS_MASK;
+        let total = event_size(len) + if extend { TIME_EXTEND_SIZE } else { 0 };
         if self.off + total > DATA_SIZE {
             return false;
         }
         let data = &mut self.page[PAGE_HEADER_SIZE..];
-        write_discarded(&mut data[self.off..], total, delta);
+        write_discarded(&mut data[self.off..], total, delta, extend);
         self.off += total;
-        self.last_ts = ts;
+        // Readers see the discard's delta as at least 1.
+        self.last_ts = if extend {
+            ts
+        } else {
+            self.last_ts + delta.max(1)
+        };
         true
     }
 
@@ -680,7 +694,8 @@ mod tests {
                     }
                     Op::Discard { gap, len } => {
                         if w.push_discarded(ts + gap, len) {
-                            ts += gap;
+                            // A zero gap is stored as 1, as the kernel does.
+                            ts += gap.max(1);
                         }
                     }
                 }

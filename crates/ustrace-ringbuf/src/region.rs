@@ -136,6 +136,7 @@ pub(crate) struct RawReservation {
     pub(crate) len: usize,
     cap: usize,
     entered: bool,
+    extend: bool,
 }
 
 impl RawReservation {
@@ -549,6 +550,7 @@ impl Region {
                         len,
                         cap,
                         entered: enter.is_some(),
+                        extend,
                     });
                 }
                 Err(actual) => cur = actual,
@@ -622,7 +624,7 @@ impl Region {
                 r.total,
             )
         };
-        page::write_discarded(slot, r.total, r.delta);
+        page::write_discarded(slot, r.total, r.delta, r.extend);
         self.commit_bytes(r.seq, r.total as u64, 0);
     }
 
