@@ -416,7 +416,28 @@ fn load_dwarf(path: &str) -> Result<Option<Loaded>, DebugInfoError> {
         return Ok(None);
     }
     let load = |id: gimli::SectionId| -> Result<R, DebugInfoError> {
-        let data: Arc<[u8]> = match file.section_by_name(id.name()) {
+        use gimli::SectionId as S;
+        // Location lists, frames, macros and the name indexes are never
+        // consulted here: skip decompressing them.
+        let unused = matches!(
+            id,
+            S::DebugLoc
+                | S::DebugLocLists
+                | S::DebugFrame
+                | S::DebugMacinfo
+                | S::DebugMacro
+                | S::DebugPubNames
+                | S::DebugPubTypes
+                | S::DebugTypes
+                | S::DebugCuIndex
+                | S::DebugTuIndex
+        );
+        let section = if unused {
+            None
+        } else {
+            file.section_by_name(id.name())
+        };
+        let data: Arc<[u8]> = match section {
             Some(s) => match s
                 .uncompressed_data()
                 .map_err(|e| err(format!("{path}: {}: {e}", id.name())))?
@@ -435,8 +456,37 @@ fn load_dwarf(path: &str) -> Result<Option<Loaded>, DebugInfoError> {
     }))
 }
 
+/// The last few objects' DWARF, so several lookups in one library (e.g.
+/// `$arg*` on a few functions) decompress it once. Small on purpose: a
+/// library's DWARF is megabytes.
+static CACHE: std::sync::Mutex<Vec<(String, Arc<Loaded>)>> = std::sync::Mutex::new(Vec::new());
+const CACHE_ENTRIES: usize = 2;
+
 /// Finds DWARF for the object at `path`: its own, else by build-id.
-fn dwarf_for_object(path: &str, build_id: Option<&[u8]>) -> Result<Loaded, DebugInfoError> {
+fn dwarf_for_object(path: &str, build_id: Option<&[u8]>) -> Result<Arc<Loaded>, DebugInfoError> {
+    let key = match build_id {
+        Some(id) => format!("{path}#{id:02x?}"),
+        None => path.to_string(),
+    };
+    {
+        let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, l)) = cache.iter().find(|(k, _)| *k == key) {
+            return Ok(Arc::clone(l));
+        }
+    }
+    let loaded = dwarf_for_object_uncached(path, build_id).map(Arc::new)?;
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if cache.len() >= CACHE_ENTRIES {
+        cache.remove(0);
+    }
+    cache.push((key, Arc::clone(&loaded)));
+    Ok(loaded)
+}
+
+fn dwarf_for_object_uncached(
+    path: &str,
+    build_id: Option<&[u8]>,
+) -> Result<Loaded, DebugInfoError> {
     if let Some(l) = load_dwarf(path)? {
         return Ok(l);
     }
@@ -483,42 +533,104 @@ pub fn function_info_by_name(inv: &Inventory, name: &str) -> Result<FunctionInfo
 
 struct Ctx<'d> {
     dwarf: &'d gimli::Dwarf<R>,
-    units: Vec<gimli::Unit<R>>,
+    /// Every unit header, in section order (cheap to read).
+    headers: Vec<gimli::UnitHeader<R>>,
+    /// Units parsed on first use (abbreviations and all), same indices.
+    units: Vec<std::cell::OnceCell<gimli::Unit<R>>>,
     table: TypeTable,
     memo: HashMap<usize, TypeId>,
 }
 
 impl<'d> Ctx<'d> {
     fn new(dwarf: &'d gimli::Dwarf<R>) -> Result<Self, DebugInfoError> {
-        let mut units = Vec::new();
-        let mut headers = dwarf.units();
-        while let Some(h) = headers.next()? {
-            units.push(dwarf.unit(h)?);
+        let mut headers = Vec::new();
+        let mut iter = dwarf.units();
+        while let Some(h) = iter.next()? {
+            headers.push(h);
         }
+        let units = (0..headers.len())
+            .map(|_| std::cell::OnceCell::new())
+            .collect();
         Ok(Ctx {
             dwarf,
+            headers,
             units,
             table: TypeTable::default(),
             memo: HashMap::new(),
         })
     }
 
+    fn unit(&self, ui: usize) -> Result<&gimli::Unit<R>, DebugInfoError> {
+        if let Some(u) = self.units[ui].get() {
+            return Ok(u);
+        }
+        let u = self.dwarf.unit(self.headers[ui].clone())?;
+        Ok(self.units[ui].get_or_init(|| u))
+    }
+
+    fn start_of(&self, ui: usize) -> usize {
+        match self.headers[ui].offset() {
+            UnitSectionOffset::DebugInfoOffset(o) => o.0,
+            UnitSectionOffset::DebugTypesOffset(o) => o.0,
+        }
+    }
+
+    /// Index of the unit whose entries contain section offset `o`.
+    fn unit_containing(&self, o: usize) -> Option<usize> {
+        // Headers are in section order: binary search on their start offsets.
+        let (mut lo, mut hi) = (0, self.headers.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.start_of(mid) <= o {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let ui = lo.checked_sub(1)?;
+        let end = self.start_of(ui) + self.headers[ui].length_including_self();
+        (o < end).then_some(ui)
+    }
+
+    /// Candidate units for `addr`: from .debug_aranges when it covers it,
+    /// else every unit whose ranges contain it.
+    fn units_for_address(&self, addr: u64) -> Result<Vec<usize>, DebugInfoError> {
+        let mut out = Vec::new();
+        let mut headers = self.dwarf.debug_aranges.headers();
+        while let Some(h) = headers.next()? {
+            let mut entries = h.entries();
+            while let Some(e) = entries.next()? {
+                let r = e.range();
+                if r.begin <= addr && addr < r.end {
+                    if let Some(ui) = self.unit_containing(h.debug_info_offset().0) {
+                        out.push(ui);
+                    }
+                    break;
+                }
+            }
+        }
+        if !out.is_empty() {
+            return Ok(out);
+        }
+        for ui in 0..self.headers.len() {
+            let unit = self.unit(ui)?;
+            let mut ranges = self.dwarf.unit_ranges(unit)?;
+            while let Some(r) = ranges.next()? {
+                if r.begin <= addr && addr < r.end {
+                    out.push(ui);
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn find_subprogram(
         &self,
         addr: u64,
     ) -> Result<Option<(usize, gimli::UnitOffset)>, DebugInfoError> {
-        for (ui, unit) in self.units.iter().enumerate() {
-            let mut ranges = self.dwarf.unit_ranges(unit)?;
-            let mut inside = false;
-            while let Some(r) = ranges.next()? {
-                if r.begin <= addr && addr < r.end {
-                    inside = true;
-                    break;
-                }
-            }
-            if !inside {
-                continue;
-            }
+        for ui in self.units_for_address(addr)? {
+            let unit = self.unit(ui)?;
             let mut cursor = unit.entries();
             while let Some((_, e)) = cursor.next_dfs()? {
                 if e.tag() != gimli::DW_TAG_subprogram {
@@ -532,15 +644,14 @@ impl<'d> Ctx<'d> {
                     Some(l) => l == addr,
                     None => {
                         let mut rs = self.dwarf.die_ranges(unit, e)?;
-                        let mut first = None;
+                        let mut starts_here = false;
                         while let Some(r) = rs.next()? {
-                            first = Some(first.map_or(r.begin, |f: u64| f.min(r.begin)));
                             if r.begin == addr {
-                                first = Some(addr);
+                                starts_here = true;
                                 break;
                             }
                         }
-                        first == Some(addr)
+                        starts_here
                     }
                 };
                 if hit {
@@ -556,18 +667,15 @@ impl<'d> Ctx<'d> {
         match v {
             AttributeValue::UnitRef(o) => Some((ui, *o)),
             AttributeValue::DebugInfoRef(o) => {
-                let target = UnitSectionOffset::DebugInfoOffset(*o);
-                self.units
-                    .iter()
-                    .enumerate()
-                    .find_map(|(i, u)| target.to_unit_offset(u).map(|uo| (i, uo)))
+                let ui = self.unit_containing(o.0)?;
+                Some((ui, o.to_unit_offset(&self.headers[ui])?))
             }
             _ => None,
         }
     }
 
     fn global(&self, ui: usize, off: gimli::UnitOffset) -> usize {
-        off.to_debug_info_offset(&self.units[ui].header)
+        off.to_debug_info_offset(&self.headers[ui])
             .map_or(usize::MAX, |o| o.0)
     }
 
@@ -579,7 +687,7 @@ impl<'d> Ctx<'d> {
         Ok(match e.attr_value(gimli::DW_AT_name)? {
             Some(v) => Some(
                 self.dwarf
-                    .attr_string(&self.units[ui], v)?
+                    .attr_string(self.unit(ui)?, v)?
                     .to_string_lossy()?
                     .into_owned(),
             ),
@@ -596,7 +704,7 @@ impl<'d> Ctx<'d> {
     ) -> Result<(usize, gimli::UnitOffset), DebugInfoError> {
         let (mut ui, mut off) = (ui, off);
         for _ in 0..8 {
-            let e = self.units[ui].entry(off)?;
+            let e = self.unit(ui)?.entry(off)?;
             if e.attr_value(gimli::DW_AT_name)?.is_some() {
                 break;
             }
@@ -617,7 +725,7 @@ impl<'d> Ctx<'d> {
         ui: usize,
         off: gimli::UnitOffset,
     ) -> Result<Option<TypeId>, DebugInfoError> {
-        let v = self.units[ui].entry(off)?.attr_value(gimli::DW_AT_type)?;
+        let v = self.unit(ui)?.entry(off)?.attr_value(gimli::DW_AT_type)?;
         match v.and_then(|v| self.deref(ui, &v)) {
             Some((tu, to)) => Ok(Some(self.ty(tu, to, 0)?)),
             None => Ok(None),
@@ -645,7 +753,7 @@ impl<'d> Ctx<'d> {
         if depth > 64 {
             return Err(err("type nesting too deep"));
         }
-        let e = self.units[ui].entry(off)?;
+        let e = self.unit(ui)?.entry(off)?;
         let tag = e.tag();
         let name = self.name_of(ui, &e)?;
         let size = e
@@ -775,7 +883,7 @@ impl<'d> Ctx<'d> {
     ) -> Result<Vec<Member>, DebugInfoError> {
         let mut raw = Vec::new();
         {
-            let unit = &self.units[ui];
+            let unit = &self.unit(ui)?;
             let mut tree = unit.entries_tree(Some(off))?;
             let root = tree.root()?;
             let mut children = root.children();
@@ -799,7 +907,7 @@ impl<'d> Ctx<'d> {
         }
         let mut out = Vec::with_capacity(raw.len());
         for (moff, loc, bit_size, data_bit, ty) in raw {
-            let e = self.units[ui].entry(moff)?;
+            let e = self.unit(ui)?.entry(moff)?;
             let name = self.name_of(ui, &e)?;
             let ty = match ty.and_then(|v| self.deref(ui, &v)) {
                 Some((tu, to)) => self.ty(tu, to, depth + 1)?,
@@ -827,7 +935,7 @@ impl<'d> Ctx<'d> {
         ui: usize,
         off: gimli::UnitOffset,
     ) -> Result<Option<u64>, DebugInfoError> {
-        let unit = &self.units[ui];
+        let unit = &self.unit(ui)?;
         let mut tree = unit.entries_tree(Some(off))?;
         let root = tree.root()?;
         let mut children = root.children();
@@ -868,7 +976,7 @@ impl<'d> Ctx<'d> {
     ) -> Result<FunctionInfo, DebugInfoError> {
         let (nu, no) = self.origin(ui, off)?;
         let name = {
-            let e = self.units[nu].entry(no)?;
+            let e = self.unit(nu)?.entry(no)?;
             self.name_of(nu, &e)?.unwrap_or_default()
         };
         let ret = self.type_attr(nu, no)?;
@@ -883,7 +991,7 @@ impl<'d> Ctx<'d> {
         for (i, (pu, po)) in params.into_iter().enumerate() {
             let (ou, oo) = self.origin(pu, po)?;
             let pname = {
-                let e = self.units[ou].entry(oo)?;
+                let e = self.unit(ou)?.entry(oo)?;
                 self.name_of(ou, &e)?
             };
             let ty = match self.type_attr(ou, oo)? {
@@ -935,7 +1043,7 @@ impl<'d> Ctx<'d> {
         ui: usize,
         off: gimli::UnitOffset,
     ) -> Result<Vec<(usize, gimli::UnitOffset)>, DebugInfoError> {
-        let unit = &self.units[ui];
+        let unit = &self.unit(ui)?;
         let mut tree = unit.entries_tree(Some(off))?;
         let root = tree.root()?;
         let mut children = root.children();
@@ -947,5 +1055,124 @@ impl<'d> Ctx<'d> {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// struct node { int v; struct node *next; union { char tag[4]; long w; }; };
+    /// with `p` a `struct node *` and `c` a `char`.
+    fn table() -> (TypeTable, TypeId, TypeId) {
+        let mut t = TypeTable::default();
+        let int = t.push(TypeNode {
+            name: Some("int".into()),
+            size: Some(4),
+            kind: TypeKind::Base(BaseEncoding::Signed),
+        });
+        let long = t.push(TypeNode {
+            name: Some("long".into()),
+            size: Some(8),
+            kind: TypeKind::Base(BaseEncoding::Signed),
+        });
+        let ch = t.push(TypeNode {
+            name: Some("char".into()),
+            size: Some(1),
+            kind: TypeKind::Base(BaseEncoding::Char { signed: true }),
+        });
+        let tag = t.push(TypeNode {
+            name: None,
+            size: Some(4),
+            kind: TypeKind::Array {
+                elem: ch,
+                count: Some(4),
+            },
+        });
+        let node = t.push(TypeNode {
+            name: Some("node".into()),
+            size: Some(24),
+            kind: TypeKind::Void,
+        });
+        let ptr = t.push(TypeNode {
+            name: None,
+            size: Some(8),
+            kind: TypeKind::Pointer(node),
+        });
+        let anon = t.push(TypeNode {
+            name: None,
+            size: Some(8),
+            kind: TypeKind::Union(vec![
+                Member {
+                    name: Some("tag".into()),
+                    offset: 0,
+                    ty: tag,
+                    bits: None,
+                },
+                Member {
+                    name: Some("w".into()),
+                    offset: 0,
+                    ty: long,
+                    bits: None,
+                },
+            ]),
+        });
+        t.nodes[node.0 as usize].kind = TypeKind::Struct(vec![
+            Member {
+                name: Some("v".into()),
+                offset: 0,
+                ty: int,
+                bits: None,
+            },
+            Member {
+                name: Some("next".into()),
+                offset: 8,
+                ty: ptr,
+                bits: None,
+            },
+            Member {
+                name: None,
+                offset: 16,
+                ty: anon,
+                bits: None,
+            },
+        ]);
+        (t, ptr, ch)
+    }
+
+    #[test]
+    fn resolves_recursive_struct_paths() {
+        let (t, p, ch) = table();
+        assert_eq!(t.c_name(p), "struct node *");
+        let r = t.resolve(p, "->next->next->v").unwrap();
+        assert_eq!(
+            r.steps,
+            [
+                Step::Add(8),
+                Step::Load,
+                Step::Add(8),
+                Step::Load,
+                Step::Add(0)
+            ]
+        );
+        let r = t.resolve(p, "->next->tag").unwrap();
+        assert_eq!(r.steps, [Step::Add(8), Step::Load, Step::Add(16)]);
+        assert!(t.is_char_array(r.ty));
+        assert_eq!(t.c_name(r.ty), "char[4]");
+        assert!(!t.is_char_pointer(r.ty));
+        assert!(t.is_signed(ch));
+        assert!(t.resolve(p, "").is_err());
+        assert!(t.resolve(p, "->").is_err());
+        assert!(t.resolve(p, "->v->x").is_err());
+        assert!(t.resolve(p, "next").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn resolve_never_panics(path in "(->|\\.|-|>|[a-z]{0,5}){0,8}") {
+            let (t, p, _) = table();
+            let _ = t.resolve(p, &path);
+        }
     }
 }
