@@ -341,16 +341,52 @@ static CACHE: Mutex<Option<Arc<Inventory>>> = Mutex::new(None);
 /// since the cached one was built. Not for probe-hit paths (it takes the
 /// loader lock briefly to read the counters); hold on to the returned `Arc`.
 pub fn inventory() -> Arc<Inventory> {
-    let generation = loader_generation();
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(inv) = cache.as_ref() {
-        if inv.generation == generation {
-            return Arc::clone(inv);
+    let started = std::time::Instant::now();
+    loop {
+        let generation = loader_generation();
+        if let Some(inv) = cached(generation) {
+            return inv;
         }
+        // One builder at a time (building costs milliseconds), but never by
+        // blocking: the build takes the loader's lock, and a library
+        // constructor running under that lock may call inventory() itself;
+        // waiting for BUILDING there could deadlock with the builder. So
+        // poll, and after a while build without it.
+        let guard = match BUILDING.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if started.elapsed() < std::time::Duration::from_secs(1) {
+                    std::thread::sleep(std::time::Duration::from_micros(500));
+                    continue;
+                }
+                None
+            }
+        };
+        if let Some(inv) = cached(loader_generation()) {
+            return inv;
+        }
+        let inv = Arc::new(build_inventory());
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        let newer = cache.as_ref().is_none_or(|old| {
+            old.generation.0 + old.generation.1 <= inv.generation.0 + inv.generation.1
+        });
+        if newer {
+            *cache = Some(Arc::clone(&inv));
+        }
+        drop(guard);
+        return inv;
     }
-    let inv = Arc::new(build_inventory());
-    *cache = Some(Arc::clone(&inv));
-    inv
+}
+
+static BUILDING: Mutex<()> = Mutex::new(());
+
+fn cached(generation: (u64, u64)) -> Option<Arc<Inventory>> {
+    let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache
+        .as_ref()
+        .filter(|inv| inv.generation == generation)
+        .map(Arc::clone)
 }
 
 /// Builds a fresh inventory without consulting or updating the cache.

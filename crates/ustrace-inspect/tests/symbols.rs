@@ -313,3 +313,105 @@ fn vdso_functions_are_listed() {
         .lines()
         .any(|l| l == "clock_gettime [linux-vdso.so.1]"));
 }
+
+#[test]
+fn lookups_while_libraries_come_and_go() {
+    let src = "int ustrace_churn_fn(int x) { return x + 11; }\n";
+    let Some((dir, lib)) = build_shared("churn", src, &[]) else {
+        return;
+    };
+    let cpath = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
+    let own = ustrace_inspect_probe_target as *const () as usize;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..cores + 2 {
+            s.spawn(|| {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || n == 0 {
+                    let inv = symbols::inventory();
+                    let (sym, _) = inv.lookup(own + 1).expect("own function");
+                    assert_eq!(sym.name, "ustrace_inspect_probe_target");
+                    n += 1;
+                }
+            });
+        }
+        let rounds: usize = std::env::var("USTRACE_STRESS_SECS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(2, |secs| secs.max(1) * 4);
+        for _ in 0..rounds {
+            // SAFETY: loading and unloading a constructor-free library we built.
+            let h = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW) };
+            assert!(!h.is_null());
+            let inv = symbols::inventory();
+            assert_eq!(inv.find("ustrace_churn_fn").len(), 1);
+            drop(inv);
+            // SAFETY: no pointer into the library outlives this point.
+            unsafe { libc::dlclose(h) };
+            assert!(symbols::inventory().find("ustrace_churn_fn").is_empty());
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+static CTOR_SAW_OWN_FUNCTION: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn from_constructor() {
+    // Runs inside dlopen, under the loader's lock.
+    let inv = symbols::inventory();
+    let own = ustrace_inspect_probe_target as *const () as usize;
+    let ok = inv
+        .lookup(own)
+        .is_some_and(|(s, _)| s.name == "ustrace_inspect_probe_target");
+    CTOR_SAW_OWN_FUNCTION.store(ok, std::sync::atomic::Ordering::SeqCst);
+}
+
+#[test]
+fn inventory_from_a_library_constructor_while_others_build() {
+    // libhook holds a function pointer; libctor's constructor calls it.
+    let Some((dir_a, lib_a)) = build_shared("hook", "void (*ustrace_hook)(void);\n", &[]) else {
+        return;
+    };
+    let ctor_src = "extern void (*ustrace_hook)(void);\n\
+                    __attribute__((constructor)) static void init(void) { if (ustrace_hook) ustrace_hook(); }\n\
+                    int ustrace_ctor_lib_fn(void) { return 1; }\n";
+    let link = format!("-L{}", dir_a.display());
+    let rpath = format!("-Wl,-rpath,{}", dir_a.display());
+    let Some((dir_b, lib_b)) = build_shared("ctor", ctor_src, &[&link, &rpath, "-lustrace_hook"])
+    else {
+        return;
+    };
+    let a = std::ffi::CString::new(lib_a.to_str().unwrap()).unwrap();
+    let b = std::ffi::CString::new(lib_b.to_str().unwrap()).unwrap();
+    // SAFETY: loading our own constructor-free library and setting its pointer.
+    unsafe {
+        let h = libc::dlopen(a.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+        assert!(!h.is_null());
+        let slot = libc::dlsym(h, c"ustrace_hook".as_ptr()) as *mut extern "C" fn();
+        assert!(!slot.is_null());
+        *slot = from_constructor;
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Others keep rebuilding while the constructor runs.
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = symbols::build_inventory();
+                    let _ = symbols::inventory();
+                }
+            });
+        }
+        // SAFETY: loading a library whose constructor calls back into us.
+        let h = unsafe { libc::dlopen(b.as_ptr(), libc::RTLD_NOW) };
+        assert!(!h.is_null());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert!(CTOR_SAW_OWN_FUNCTION.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(symbols::inventory().find("ustrace_ctor_lib_fn").len(), 1);
+    let _ = std::fs::remove_dir_all(&dir_a);
+    let _ = std::fs::remove_dir_all(&dir_b);
+}
