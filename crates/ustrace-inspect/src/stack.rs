@@ -11,6 +11,10 @@
 //!  => start+0x12/0x30 [libc.so.6]
 //! ```
 //!
+//! [`format_user_stack`] prints the same addresses the way the kernel prints
+//! a *user* stack (`userstacktrace` option): raw addresses, or object path
+//! and offset with `sym-userobj`.
+//!
 //! Capturing uses the DWARF unwinder of libgcc_s (`_Unwind_Backtrace`), which
 //! follows `.eh_frame` CFI and so works without frame pointers. On glibc 2.35+
 //! with libgcc 12+ it finds CFI through `_dl_find_object`: no lock, no
@@ -158,6 +162,77 @@ pub fn format_with_flags(inv: &Inventory, addrs: &[usize], flags: SymFlags) -> S
         }
         s.push_str(" => ");
         inv.write_ip_sym(&mut s, a, flags);
+        s.push('\n');
+    }
+    s
+}
+
+/// A file-backed mapping from `/proc/self/maps`: `[start, end)` and its path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// First address of the mapping (the kernel's `vm_start`).
+    pub start: usize,
+    /// One past the last address.
+    pub end: usize,
+    /// Path of the mapped file.
+    pub path: String,
+}
+
+/// The process's file-backed mappings (anonymous and special ones omitted).
+pub fn file_mappings() -> std::io::Result<Vec<Mapping>> {
+    let text = std::fs::read_to_string("/proc/self/maps")?;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        // start-end perms offset dev inode path
+        let mut fields = line.splitn(6, ' ');
+        let range = fields.next().unwrap_or("");
+        let path = fields.nth(4).map(str::trim_start).unwrap_or("");
+        if !path.starts_with('/') {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        else {
+            continue;
+        };
+        out.push(Mapping {
+            start,
+            end,
+            path: path.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// Formats `addrs` as the kernel's *user* stack-trace entry
+/// (`trace_user_stack_print`): each line is ` => ` followed by, with the
+/// `sym-userobj` option, `/path/of/object[+0xoffset-in-mapping]`, and then
+/// ` <%016lx>` when `sym-addr` is set or no file maps the address (so by
+/// default a line reads ` =>  <00007f0123456789>`). A 0 entry ends the list.
+pub fn format_user_stack(addrs: &[usize], userobj: bool, sym_addr: bool) -> String {
+    let maps = if userobj {
+        file_mappings().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let mut s = String::with_capacity(addrs.len() * 48);
+    for &ip in addrs {
+        if ip == 0 {
+            break;
+        }
+        s.push_str(" => ");
+        let file = maps.iter().find(|m| m.start <= ip && ip < m.end);
+        if let Some(m) = file {
+            let _ = std::fmt::Write::write_fmt(
+                &mut s,
+                format_args!("{}[+{:#x}]", m.path, ip - m.start),
+            );
+        }
+        if sym_addr || file.is_none() {
+            let _ = std::fmt::Write::write_fmt(&mut s, format_args!(" <{ip:016x}>"));
+        }
         s.push('\n');
     }
     s

@@ -123,3 +123,32 @@ fn capture_cost() {
     // Generous bound: catches a lock convoy or a syscall per frame, not noise.
     assert!(per < 200_000.0, "{per} ns");
 }
+
+#[test]
+fn user_stack_format_matches_trace_user_stack_print() {
+    let mut out = [0usize; 4];
+    let n = chain_outer(0, &mut out, false);
+    let a = out[0];
+    // Default options: no object, so the address in angle brackets.
+    let plain = stack::format_user_stack(&out[..1], false, false);
+    assert_eq!(plain, format!(" =>  <{a:016x}>\n"));
+    // sym-userobj: the mapped file and the offset into that mapping.
+    let maps = stack::file_mappings().unwrap();
+    let m = maps
+        .iter()
+        .find(|m| m.start <= a && a < m.end)
+        .expect("text is file-backed");
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    assert_eq!(std::path::Path::new(&m.path), exe);
+    let obj = stack::format_user_stack(&out[..1], true, false);
+    assert_eq!(obj, format!(" => {}[+{:#x}]\n", m.path, a - m.start));
+    let both = stack::format_user_stack(&out[..1], true, true);
+    assert_eq!(
+        both,
+        format!(" => {}[+{:#x}] <{a:016x}>\n", m.path, a - m.start)
+    );
+    // A zero entry ends the trace.
+    let cut = stack::format_user_stack(&[a, 0, a], false, false);
+    assert_eq!(cut.lines().count(), 1);
+    assert!(n >= 1);
+}
