@@ -68,7 +68,10 @@ pub struct Symbol {
     pub object: Arc<str>,
     /// ELF binding of the symbol.
     pub binding: Binding,
-    /// True when the symbol was an `STT_GNU_IFUNC`, listed at its resolved target.
+    /// True when the symbol was an `STT_GNU_IFUNC`. Such a symbol is listed
+    /// at the implementation its resolver selected (what `dlsym` and every
+    /// caller get), with that implementation's size: `addr` is ordinary,
+    /// patchable code. The resolver itself is never listed.
     pub ifunc: bool,
 }
 
