@@ -20,7 +20,7 @@ use crate::cpulist::CpuMask;
 use crate::ctype::{is_alnum, is_digit, is_space};
 use crate::error::{ErrorKind, FilterError, MAX_WRITE};
 use crate::field::{resolve, Field, FieldClass};
-use crate::program::{NumOp, Pred, Program, Step, StrSource};
+use crate::program::{IntRange, NumOp, Pred, Program, Step, StrPred, StrSource};
 use crate::strmatch::StrMatcher;
 use std::ops::Range;
 
@@ -637,11 +637,11 @@ fn parse_predicate(
             _ => StrSource::Ptr { offset },
         };
         return Ok((
-            Pred::Str {
+            Pred::Str(Box::new(StrPred {
                 src,
                 matcher,
                 negate,
-            },
+            })),
             i,
         ));
     }
@@ -681,17 +681,46 @@ fn parse_predicate(
 }
 
 /// An integer comparison; sizes other than 1, 2, 4, 8 never match (kernel no-op).
+/// The constant is cut to the field's width, as the kernel's C cast does.
 fn int_pred(offset: u32, size: usize, signed: bool, op: NumOp, val: u64) -> Pred {
-    match size {
-        1 | 2 | 4 | 8 => Pred::Int {
-            offset,
-            size: size as u8,
-            signed,
-            op,
-            val,
-        },
-        _ => Pred::Never,
+    if !matches!(size, 1 | 2 | 4 | 8) {
+        return Pred::Never;
     }
+    let size = size as u8;
+    let shift = 64 - 8 * size;
+    let truncated = if size == 8 {
+        val
+    } else {
+        val & ((1u64 << (8 * size)) - 1)
+    };
+    if op == NumOp::Band {
+        return Pred::Band {
+            offset,
+            size,
+            val: truncated,
+        };
+    }
+    let v = IntRange::encode(truncated, shift, signed);
+    // (lo, hi, negate); an empty range is "not the full range".
+    let (lo, hi, negate) = match op {
+        NumOp::Eq => (v, v, false),
+        NumOp::Ne => (v, v, true),
+        NumOp::Lt if v == 0 => (0, u64::MAX, true),
+        NumOp::Lt => (0, v - 1, false),
+        NumOp::Le => (0, v, false),
+        NumOp::Gt if v == u64::MAX => (0, u64::MAX, true),
+        NumOp::Gt => (v + 1, u64::MAX, false),
+        NumOp::Ge => (v, u64::MAX, false),
+        NumOp::Band => unreachable!("handled above"),
+    };
+    Pred::Range(IntRange {
+        offset,
+        shift,
+        signed,
+        lo,
+        span: hi - lo,
+        negate,
+    })
 }
 
 #[cfg(test)]

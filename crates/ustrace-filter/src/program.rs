@@ -76,18 +76,12 @@ pub(crate) enum StrSource {
 pub(crate) enum Pred {
     /// Always false: the kernel's no-op predicate (integers of odd sizes).
     Never,
-    Int {
-        offset: u32,
-        size: u8,
-        signed: bool,
-        op: NumOp,
-        val: u64,
-    },
-    Str {
-        src: StrSource,
-        matcher: StrMatcher,
-        negate: bool,
-    },
+    /// Integer comparison as a range test (see [`IntRange`]).
+    Range(IntRange),
+    /// `field & val`: true when any bit is shared.
+    Band { offset: u32, size: u8, val: u64 },
+    /// String comparison (boxed: rare and large).
+    Str(Box<StrPred>),
     /// `CPU op N`; `&` is always false, as in the kernel.
     Cpu { op: NumOp, val: i32 },
     /// `CPU op CPUS{a,b}` (a mask of several CPUs).
@@ -123,6 +117,75 @@ pub(crate) enum Pred {
     },
 }
 
+/// A string predicate.
+#[derive(Debug, Clone)]
+pub(crate) struct StrPred {
+    pub src: StrSource,
+    pub matcher: StrMatcher,
+    pub negate: bool,
+}
+
+/// Every integer comparison but `&`, reduced to "is the value inside
+/// `[lo, lo + span]`" (optionally negated) on an order-preserving unsigned
+/// encoding of the field: signed values get their sign bit flipped, so one
+/// unsigned compare serves all sizes, signednesses and operators.
+///
+/// ```text
+///   s32 field, "x < -1":  encode(-1) = 0x7fff_ffff_ffff_ffff
+///                         range [0, 0x7fff_ffff_ffff_fffe], not negated
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IntRange {
+    pub offset: u32,
+    /// 64 - 8 * size: shifting left by it drops the bytes past the field.
+    pub shift: u8,
+    pub signed: bool,
+    pub lo: u64,
+    pub span: u64,
+    pub negate: bool,
+}
+
+impl IntRange {
+    /// Encode a raw field value (zero-extended) into the ordered domain.
+    #[inline(always)]
+    pub fn encode(raw: u64, shift: u8, signed: bool) -> u64 {
+        let v = raw << shift;
+        if signed {
+            (((v as i64) >> shift) as u64) ^ (1 << 63)
+        } else {
+            v >> shift
+        }
+    }
+
+    #[inline(always)]
+    fn eval(&self, rec: &[u8]) -> bool {
+        let Some(raw) = load(rec, self.offset, 8 - self.shift / 8) else {
+            return false;
+        };
+        let x = Self::encode(raw, self.shift, self.signed);
+        (x.wrapping_sub(self.lo) <= self.span) ^ self.negate
+    }
+}
+
+/// Load a `size`-byte little-endian field, zero-extended. One 8-byte load
+/// when the record has room (the extra bytes are shifted away by the caller
+/// or masked here), a sized load near the end of the record.
+#[inline(always)]
+fn load(rec: &[u8], offset: u32, size: u8) -> Option<u64> {
+    let off = offset as usize;
+    if cfg!(target_endian = "little") {
+        if let Some(b) = rec.get(off..off + 8) {
+            let raw = u64::from_le_bytes(b.try_into().ok()?);
+            return Some(if size >= 8 {
+                raw
+            } else {
+                raw & ((1u64 << (8 * u32::from(size))) - 1)
+            });
+        }
+    }
+    read_uint(rec, off, usize::from(size))
+}
+
 /// One step of the flat program.
 #[derive(Debug, Clone)]
 pub(crate) struct Step {
@@ -148,21 +211,6 @@ fn read_uint(rec: &[u8], offset: usize, size: usize) -> Option<u64> {
         8 => u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
         _ => return None,
     })
-}
-
-#[inline]
-fn sign_extend(v: u64, size: u8) -> i64 {
-    let shift = 64 - 8 * u32::from(size);
-    ((v << shift) as i64) >> shift
-}
-
-#[inline]
-fn truncate(v: u64, size: u8) -> u64 {
-    if size >= 8 {
-        v
-    } else {
-        v & ((1u64 << (8 * u32::from(size))) - 1)
-    }
 }
 
 /// The bytes of a `__data_loc`/`__rel_loc` item: (start, kernel length).
@@ -199,63 +247,49 @@ impl Pred {
     fn eval(&self, rec: &[u8], ctx: &Context<'_>) -> bool {
         match self {
             Pred::Never => false,
-            Pred::Int {
-                offset,
-                size,
-                signed,
-                op,
-                val,
-            } => {
-                let Some(raw) = read_uint(rec, *offset as usize, *size as usize) else {
-                    return false;
-                };
-                let v = truncate(*val, *size);
-                match op {
-                    NumOp::Eq => raw == v,
-                    NumOp::Ne => raw != v,
-                    NumOp::Band => raw & v != 0,
-                    _ if *signed => {
-                        let (a, b) = (sign_extend(raw, *size), sign_extend(v, *size));
-                        cmp_op(*op, a.cmp(&b))
+            Pred::Range(r) => r.eval(rec),
+            Pred::Band { offset, size, val } => match load(rec, *offset, *size) {
+                Some(raw) => raw & val != 0,
+                None => false,
+            },
+            Pred::Str(sp) => {
+                let StrPred {
+                    src,
+                    matcher,
+                    negate,
+                } = &**sp;
+                match src {
+                    StrSource::Static { offset, size } => {
+                        matcher.matches(tail(rec, *offset as usize), i64::from(*size)) ^ negate
                     }
-                    _ => cmp_op(*op, raw.cmp(&v)),
+                    StrSource::Dyn { offset, relative } => {
+                        let Some((start, len)) = data_loc(rec, *offset, *relative) else {
+                            return false;
+                        };
+                        matcher.matches(tail(rec, start), len as i64) ^ negate
+                    }
+                    StrSource::Comm => {
+                        let comm = &ctx.comm[..ctx.comm.len().min(16)];
+                        matcher.matches(comm, 16) ^ negate
+                    }
+                    StrSource::Ptr { offset } => {
+                        let Some(addr) = read_uint(rec, *offset as usize, 8) else {
+                            return false;
+                        };
+                        let Some(read) = ctx.read_str else {
+                            return false;
+                        };
+                        let mut buf = [0u8; 1024];
+                        let Some(n) = read(addr, &mut buf) else {
+                            return false;
+                        };
+                        // The kernel keeps at most 1023 bytes and a NUL.
+                        let n = n.min(buf.len() - 1);
+                        let s = crate::ctype::c_str(&buf[..n]);
+                        matcher.matches(s, s.len() as i64 + 1) ^ negate
+                    }
                 }
             }
-            Pred::Str {
-                src,
-                matcher,
-                negate,
-            } => match src {
-                StrSource::Static { offset, size } => {
-                    matcher.matches(tail(rec, *offset as usize), i64::from(*size)) ^ negate
-                }
-                StrSource::Dyn { offset, relative } => {
-                    let Some((start, len)) = data_loc(rec, *offset, *relative) else {
-                        return false;
-                    };
-                    matcher.matches(tail(rec, start), len as i64) ^ negate
-                }
-                StrSource::Comm => {
-                    let comm = &ctx.comm[..ctx.comm.len().min(16)];
-                    matcher.matches(comm, 16) ^ negate
-                }
-                StrSource::Ptr { offset } => {
-                    let Some(addr) = read_uint(rec, *offset as usize, 8) else {
-                        return false;
-                    };
-                    let Some(read) = ctx.read_str else {
-                        return false;
-                    };
-                    let mut buf = [0u8; 1024];
-                    let Some(n) = read(addr, &mut buf) else {
-                        return false;
-                    };
-                    // The kernel keeps at most 1023 bytes and a NUL.
-                    let n = n.min(buf.len() - 1);
-                    let s = crate::ctype::c_str(&buf[..n]);
-                    matcher.matches(s, s.len() as i64 + 1) ^ negate
-                }
-            },
             Pred::Cpu { op, val } => {
                 let cpu = ctx.cpu as i32;
                 match op {
