@@ -531,6 +531,24 @@ pub fn function_info_by_name(inv: &Inventory, name: &str) -> Result<FunctionInfo
     function_info(inv, sym)
 }
 
+/// A member's byte offset: a constant (DWARF 3+), or the DWARF 2 form, an
+/// expression `DW_OP_plus_uconst N` (also `DW_OP_constu N`).
+fn member_offset(v: &AttributeValue<R>, encoding: gimli::Encoding) -> Option<u64> {
+    if let Some(c) = v.udata_value() {
+        return Some(c);
+    }
+    let AttributeValue::Exprloc(expr) = v else {
+        return None;
+    };
+    let mut ops = expr.clone().operations(encoding);
+    match ops.next().ok()?? {
+        gimli::Operation::PlusConstant { value } | gimli::Operation::UnsignedConstant { value } => {
+            ops.next().ok()?.is_none().then_some(value)
+        }
+        _ => None,
+    }
+}
+
 struct Ctx<'d> {
     dwarf: &'d gimli::Dwarf<R>,
     /// Every unit header, in section order (cheap to read).
@@ -894,7 +912,7 @@ impl<'d> Ctx<'d> {
                 }
                 let loc = e
                     .attr_value(gimli::DW_AT_data_member_location)?
-                    .and_then(|v| v.udata_value());
+                    .and_then(|v| member_offset(&v, unit.encoding()));
                 let bit_size = e
                     .attr_value(gimli::DW_AT_bit_size)?
                     .and_then(|v| v.udata_value());

@@ -28,14 +28,22 @@ long ustrace_dbg_fn(my_size_t count, struct outer *o, const char *s, double rati
 void ustrace_dbg_void(void) {}
 "#;
 
-fn build() -> Option<(std::path::PathBuf, std::path::PathBuf)> {
-    let dir = std::env::temp_dir().join(format!("ustrace-inspect-dbg-{}", std::process::id()));
+fn build(dwarf: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let dir =
+        std::env::temp_dir().join(format!("ustrace-inspect-dbg{dwarf}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let c = dir.join("dbg.c");
-    let lib = dir.join("libustrace_dbg.so");
+    let lib = dir.join(format!("libustrace_dbg{dwarf}.so"));
     std::fs::write(&c, SRC).unwrap();
     match std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-g", "-O0", "-o"])
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O0",
+            "-gstrict-dwarf",
+            &format!("-gdwarf-{dwarf}"),
+            "-o",
+        ])
         .arg(&lib)
         .arg(&c)
         .status()
@@ -55,8 +63,18 @@ fn dlsym_usize(h: *mut libc::c_void, name: &str) -> usize {
 }
 
 #[test]
-fn c_function_parameters_types_and_field_paths() {
-    let Some((dir, lib)) = build() else {
+fn c_function_parameters_types_and_field_paths_dwarf5() {
+    check_c_library("5");
+}
+
+/// DWARF 2 writes member offsets as `DW_OP_plus_uconst` expressions.
+#[test]
+fn c_function_parameters_types_and_field_paths_dwarf2() {
+    check_c_library("2");
+}
+
+fn check_c_library(dwarf: &str) {
+    let Some((dir, lib)) = build(dwarf) else {
         return;
     };
     let cpath = CString::new(lib.to_str().unwrap()).unwrap();
@@ -64,7 +82,12 @@ fn c_function_parameters_types_and_field_paths() {
     let h = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW) };
     assert!(!h.is_null());
     let inv = symbols::inventory();
-    let f = debuginfo::function_info_by_name(&inv, "ustrace_dbg_fn").unwrap();
+    let sym = inv
+        .find("ustrace_dbg_fn")
+        .into_iter()
+        .find(|s| s.object.ends_with(&format!("libustrace_dbg{dwarf}.so")))
+        .expect("function of this library");
+    let f = debuginfo::function_info(&inv, sym).unwrap();
     assert_eq!(f.name, "ustrace_dbg_fn");
     let t = &f.types;
     let names: Vec<_> = f.params.iter().map(|p| p.name.as_str()).collect();
@@ -134,7 +157,12 @@ fn c_function_parameters_types_and_field_paths() {
         .contains("non-pointer"));
     assert!(t.resolve(o.ty, "->in->a").is_err());
 
-    let v = debuginfo::function_info_by_name(&inv, "ustrace_dbg_void").unwrap();
+    let void = inv
+        .find("ustrace_dbg_void")
+        .into_iter()
+        .find(|s| s.object.ends_with(&format!("libustrace_dbg{dwarf}.so")))
+        .expect("function of this library");
+    let v = debuginfo::function_info(&inv, void).unwrap();
     assert!(v.params.is_empty());
     assert!(v.ret.is_none());
     let _ = std::fs::remove_dir_all(&dir);
