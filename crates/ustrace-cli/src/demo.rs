@@ -1,12 +1,348 @@
-//! `ustrace demo`: the built-in workload.
+//! `ustrace demo`: a small key-value store serving generated requests, traced.
+//!
+//! Worker threads (`kv-worker-N`) serve GET, PUT and DELETE requests from a generator over
+//! a sharded in-memory map; a `net-acceptor` thread "accepts connections". The code carries
+//! events in two systems, `kv` and `net`. The demo turns them on through the tracefs API —
+//! the same files a shell user writes —, runs the workload, and prints the trace.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ustrace::{FileSystem, OpenFlags};
+
+ustrace::trace_event! {
+    /// A request arrived at a worker.
+    pub fn kv::request(op: &str, key: &str, worker: u32) {
+        op: &str = op,
+        key: &str = key,
+        worker: u32 = worker,
+    }
+    print "op=%s key=%s worker=%u", op, key, worker;
+}
+
+ustrace::trace_event! {
+    /// A GET finished.
+    pub fn kv::get(key: &str, hit: bool, value_len: usize, latency_ns: u64) {
+        key: &str = key,
+        hit: bool = hit,
+        value_len: usize = value_len,
+        latency_ns: u64 = latency_ns,
+    }
+    print "key=%s hit=%d len=%lu latency_ns=%llu", key, hit, value_len, latency_ns;
+}
+
+ustrace::trace_event! {
+    /// A PUT stored a value.
+    pub fn kv::put(key: &str, value_len: usize, replaced: bool, shard: u32) {
+        key: &str = key,
+        value_len: usize = value_len,
+        replaced: bool = replaced,
+        shard: u32 = shard,
+    }
+    print "key=%s len=%lu replaced=%d shard=%u", key, value_len, replaced, shard;
+}
+
+ustrace::trace_event! {
+    /// A DELETE removed (or missed) a key.
+    pub fn kv::delete(key: &str, found: bool) {
+        key: &str = key,
+        found: bool = found,
+    }
+    print "key=%s found=%d", key, found;
+}
+
+ustrace::trace_event! {
+    /// A shard grew past its budget and dropped its oldest keys.
+    pub fn kv::evict(shard: u32, evicted: u32, remaining: u64) {
+        shard: u32 = shard,
+        evicted: u32 = evicted,
+        remaining: u64 = remaining,
+    }
+    print "shard=%u evicted=%u remaining=%llu", shard, evicted, remaining;
+}
+
+ustrace::trace_event! {
+    /// A client connection was accepted.
+    pub fn net::accept(conn: u64, port: u16) {
+        conn: u64 = conn,
+        port: u16 = port,
+    }
+    print "conn=%llu port=%u", conn, port;
+}
+
+ustrace::trace_event! {
+    /// A response went back to a client.
+    pub fn net::respond(conn: u64, status: u16, bytes: u32) {
+        conn: u64 = conn,
+        status: u16 = status,
+        bytes: u32 = bytes,
+    }
+    print "conn=%llu status=%u bytes=%u", conn, status, bytes;
+}
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
     /// How long the workload runs, in seconds.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
+    /// Worker threads serving requests.
+    #[arg(long, default_value_t = 4)]
+    pub workers: u32,
+    /// Requests per second per worker (0: as fast as possible).
+    #[arg(long, default_value_t = 200)]
+    pub rate: u64,
+    /// Trace lines to print (0: all of them).
+    #[arg(long, default_value_t = 40)]
+    pub max_lines: usize,
+    /// Keep serving requests (and the tracefs) until interrupted.
+    #[arg(long)]
+    pub serve: bool,
 }
 
-pub fn run(_args: DemoArgs) -> Result<(), String> {
-    Err("the demo is being written".into())
+const SHARDS: usize = 8;
+const SHARD_BUDGET: usize = 512;
+
+/// The store: a few shards, each a map with insertion order for eviction.
+struct Store {
+    shards: Vec<Mutex<Shard>>,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<String, Vec<u8>>,
+    order: Vec<String>,
+}
+
+impl Store {
+    fn new() -> Self {
+        Store {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+        }
+    }
+
+    fn shard_of(key: &str) -> usize {
+        key.bytes()
+            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize))
+            % SHARDS
+    }
+
+    fn get(&self, key: &str) -> Option<usize> {
+        let shard = self.shards[Self::shard_of(key)].lock().unwrap();
+        shard.map.get(key).map(|v| v.len())
+    }
+
+    fn put(&self, key: &str, value: Vec<u8>) -> bool {
+        let index = Self::shard_of(key);
+        let mut shard = self.shards[index].lock().unwrap();
+        let len = value.len();
+        let replaced = shard.map.insert(key.to_string(), value).is_some();
+        if !replaced {
+            shard.order.push(key.to_string());
+        }
+        put::trace(key, len, replaced, index as u32);
+        if shard.map.len() > SHARD_BUDGET {
+            let excess = shard.map.len() - SHARD_BUDGET / 2;
+            let victims: Vec<String> = shard.order.drain(..excess).collect();
+            for victim in &victims {
+                shard.map.remove(victim);
+            }
+            evict::trace(index as u32, victims.len() as u32, shard.map.len() as u64);
+        }
+        replaced
+    }
+
+    fn delete(&self, key: &str) -> bool {
+        let mut shard = self.shards[Self::shard_of(key)].lock().unwrap();
+        let found = shard.map.remove(key).is_some();
+        if found {
+            shard.order.retain(|k| k != key);
+        }
+        found
+    }
+}
+
+/// A tiny deterministic generator (xorshift), so runs are comparable.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn worker(id: u32, store: Arc<Store>, stop: Arc<AtomicBool>, rate: u64, served: Arc<AtomicU64>) {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((u64::from(id) + 1) * 0x1234_5678));
+    let pause = Duration::from_nanos(1_000_000_000u64.checked_div(rate).unwrap_or(0));
+    while !stop.load(Ordering::Relaxed) {
+        let key = format!("user:{:04}", rng.next() % 2000);
+        let conn = rng.next() % 64;
+        let started = Instant::now();
+        let (status, bytes) = match rng.next() % 10 {
+            0..=5 => {
+                request::trace("GET", &key, id);
+                let found = store.get(&key);
+                let latency = started.elapsed().as_nanos() as u64;
+                get::trace(&key, found.is_some(), found.unwrap_or(0), latency);
+                (
+                    if found.is_some() { 200 } else { 404 },
+                    found.unwrap_or(0) as u32,
+                )
+            }
+            6..=8 => {
+                request::trace("PUT", &key, id);
+                let value = vec![b'v'; 16 + (rng.next() % 200) as usize];
+                let replaced = store.put(&key, value);
+                (if replaced { 200 } else { 201 }, 0)
+            }
+            _ => {
+                request::trace("DELETE", &key, id);
+                let found = store.delete(&key);
+                delete::trace(&key, found);
+                (if found { 204 } else { 404 }, 0)
+            }
+        };
+        respond::trace(conn, status, bytes);
+        served.fetch_add(1, Ordering::Relaxed);
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+    }
+}
+
+fn acceptor(stop: Arc<AtomicBool>) {
+    let mut conn = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        conn += 1;
+        accept::trace(conn, 40000 + (conn % 1000) as u16);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts the workload; returns the stop flag, the served-request counter and the threads.
+pub fn start_workload(
+    workers: u32,
+    rate: u64,
+) -> (
+    Arc<AtomicBool>,
+    Arc<AtomicU64>,
+    Vec<std::thread::JoinHandle<()>>,
+) {
+    let store = Arc::new(Store::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    for id in 0..workers {
+        let (store, stop, served) = (store.clone(), stop.clone(), served.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("kv-worker-{id}"))
+                .spawn(move || worker(id, store, stop, rate, served))
+                .expect("spawn worker"),
+        );
+    }
+    let acceptor_stop = stop.clone();
+    threads.push(
+        std::thread::Builder::new()
+            .name("net-acceptor".into())
+            .spawn(move || acceptor(acceptor_stop))
+            .expect("spawn acceptor"),
+    );
+    (stop, served, threads)
+}
+
+fn write(path: &str, text: &str, append: bool) -> Result<(), String> {
+    let flags = if append {
+        OpenFlags::APPEND
+    } else {
+        OpenFlags::TRUNCATE
+    };
+    let mut file = ustrace::tracefs()
+        .open(path, flags)
+        .map_err(|e| format!("open {path}: {e}"))?;
+    file.write(text.as_bytes())
+        .map_err(|e| format!("write {path}: {e}"))?;
+    Ok(())
+}
+
+fn read(path: &str) -> Result<String, String> {
+    let mut file = ustrace::tracefs()
+        .open(path, OpenFlags::READ)
+        .map_err(|e| format!("open {path}: {e}"))?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = file
+            .read(&mut buf, None)
+            .map_err(|e| format!("read {path}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+pub fn run(args: DemoArgs) -> Result<(), String> {
+    // Turn the events on the way a shell user would.
+    write("events/kv/enable", "1\n", false)?;
+    write("set_event", "net:*\n", true)?;
+    write("trace_marker", "ustrace demo: workload starting\n", false)?;
+    let (stop, served, threads) = start_workload(args.workers, args.rate);
+    if args.serve {
+        let socket = ustrace::serve().map_err(|e| format!("cannot serve the tracefs: {e}"))?;
+        let pid = std::process::id();
+        eprintln!(
+            "ustrace demo: pid {pid} serves its tracefs at {}",
+            socket.display()
+        );
+        eprintln!("  ustrace cat -p {pid} trace          read the trace");
+        eprintln!("  ustrace pipe -p {pid}               stream trace_pipe");
+        eprintln!("  mkdir -p /tmp/t && ustrace mount -p {pid} /tmp/t   then echo/cat in /tmp/t");
+        eprintln!("interrupt (Ctrl-C) to stop");
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    std::thread::sleep(Duration::from_secs_f64(args.seconds.max(0.0)));
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        let _ = thread.join();
+    }
+    write("trace_marker", "ustrace demo: workload done\n", false)?;
+    write("tracing_on", "0\n", false)?;
+
+    println!("# events/kv/get/format:");
+    print!("{}", read("events/kv/get/format")?);
+    println!();
+    let trace = read("trace")?;
+    let (header, body): (Vec<&str>, Vec<&str>) = trace.lines().partition(|l| l.starts_with('#'));
+    for line in &header {
+        println!("{line}");
+    }
+    let shown = if args.max_lines == 0 {
+        body.len()
+    } else {
+        args.max_lines.min(body.len())
+    };
+    for line in &body[..shown] {
+        println!("{line}");
+    }
+    if shown < body.len() {
+        println!(
+            "... {} more lines (--max-lines 0 prints all)",
+            body.len() - shown
+        );
+    }
+    println!(
+        "\n# {} requests served by {} workers in {:.1} s; per-CPU stats in per_cpu/cpuN/stats",
+        served.load(Ordering::Relaxed),
+        args.workers,
+        args.seconds
+    );
+    Ok(())
 }

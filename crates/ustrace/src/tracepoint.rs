@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::rcu;
+pub use ustrace_fprobe::static_key::StaticKey;
 
 /// Identifies one registration of a probe on one tracepoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,6 +68,9 @@ pub struct TracepointInfo {
 /// A tracepoint whose probes have the type `P` (`dyn Fn(args…) + Send + Sync`).
 pub struct Tracepoint<P: ?Sized + 'static> {
     info: TracepointInfo,
+    /// The patched branch at call sites, when the tracepoint has one.
+    key: Option<&'static StaticKey>,
+    /// The same state as a flag, for call sites that test it with a load.
     enabled: AtomicBool,
     probes: AtomicPtr<Vec<Arc<P>>>,
     next_id: AtomicU64,
@@ -81,10 +85,21 @@ unsafe impl<P: ?Sized + Send + Sync> Sync for Tracepoint<P> {}
 unsafe impl<P: ?Sized + Send + Sync> Send for Tracepoint<P> {}
 
 impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
-    /// A tracepoint with no probes. Used by [`declare_tracepoint!`](crate::declare_tracepoint).
+    /// A tracepoint with no probes, tested at call sites by a load of its flag.
     pub const fn new(name: &'static str, args: &'static [&'static str]) -> Self {
+        Self::with_key(name, args, None)
+    }
+
+    /// A tracepoint whose call sites test `key`, a patched jump (what
+    /// [`declare_tracepoint!`](crate::declare_tracepoint) makes).
+    pub const fn with_key(
+        name: &'static str,
+        args: &'static [&'static str],
+        key: Option<&'static StaticKey>,
+    ) -> Self {
         Tracepoint {
             info: TracepointInfo { name, args },
+            key,
             enabled: AtomicBool::new(false),
             probes: AtomicPtr::new(std::ptr::null_mut()),
             next_id: AtomicU64::new(1),
@@ -217,7 +232,17 @@ impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
             ))
         };
         let old = self.probes.swap(fresh, Ordering::AcqRel);
-        self.enabled.store(!fresh.is_null(), Ordering::Relaxed);
+        let on = !fresh.is_null();
+        self.enabled.store(on, Ordering::Relaxed);
+        if let Some(key) = self.key {
+            if key.is_enabled() != on {
+                if on {
+                    key.enable();
+                } else {
+                    key.disable();
+                }
+            }
+        }
         if !old.is_null() {
             regs.retired.push(old);
         }
@@ -267,7 +292,7 @@ impl<P: ?Sized + Send + Sync + 'static> Reap for Tracepoint<P> {
 
 /// Every tracepoint declared in the program, collected at link time.
 #[linkme::distributed_slice]
-pub static TRACEPOINTS: [&'static (dyn TracepointEntry)];
+pub static TRACEPOINTS: [&'static dyn TracepointEntry];
 
 /// Type-erased view of a declared tracepoint.
 pub trait TracepointEntry: Reap {
@@ -328,72 +353,94 @@ macro_rules! declare_tracepoint {
         $vis mod $name {
             #[allow(unused_imports)]
             use super::*;
+            $crate::__tracepoint_items!($name($($arg: $ty),*));
+        }
+    };
+}
 
-            /// The probe type: a closure taking the tracepoint's arguments.
-            pub type Probe = dyn Fn($($ty),*) + Send + Sync;
+/// The items of a tracepoint module, shared by `declare_tracepoint!` and `trace_event!`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __tracepoint_items {
+    ($name:ident($($arg:ident : $ty:ty),*)) => {
+        /// The probe type: a closure taking the tracepoint's arguments.
+        pub type Probe = dyn Fn($($ty),*) + Send + Sync;
 
-            /// The tracepoint itself.
-            pub static TRACEPOINT: $crate::tracepoint::Tracepoint<Probe> =
-                $crate::tracepoint::Tracepoint::new(
-                    stringify!($name),
-                    &[$(concat!(stringify!($arg), ": ", stringify!($ty))),*],
-                );
+        /// The patched branch at every call site.
+        pub static KEY: $crate::tracepoint::StaticKey = $crate::tracepoint::StaticKey::new();
 
-            #[$crate::__private::linkme::distributed_slice($crate::tracepoint::TRACEPOINTS)]
-            #[linkme(crate = $crate::__private::linkme)]
-            static __ENTRY: &'static dyn $crate::tracepoint::TracepointEntry = &TRACEPOINT;
+        /// The tracepoint itself.
+        pub static TRACEPOINT: $crate::tracepoint::Tracepoint<Probe> =
+            $crate::tracepoint::Tracepoint::with_key(
+                stringify!($name),
+                &[$(concat!(stringify!($arg), ": ", stringify!($ty))),*],
+                Some(&KEY),
+            );
 
-            /// Whether a probe is attached; guard work done only for the tracepoint.
-            #[inline(always)]
-            pub fn enabled() -> bool {
-                TRACEPOINT.enabled()
+        #[$crate::__private::linkme::distributed_slice($crate::tracepoint::TRACEPOINTS)]
+        #[linkme(crate = $crate::__private::linkme)]
+        static __TRACEPOINT_ENTRY: &'static dyn $crate::tracepoint::TracepointEntry = &TRACEPOINT;
+
+        /// Whether a probe is attached; guard work done only for the tracepoint. Costs one
+        /// patched 5-byte NOP while off.
+        #[inline(always)]
+        pub fn enabled() -> bool {
+            $crate::__private::static_branch_unlikely!(KEY)
+        }
+
+        /// Fires the tracepoint: a patched NOP while no probe is attached.
+        #[inline(always)]
+        pub fn trace($($arg: $ty),*) {
+            if $crate::__private::static_branch_unlikely!(KEY) {
+                __call_probes($($arg),*);
             }
+        }
 
-            /// Fires the tracepoint.
-            #[inline(always)]
-            pub fn trace($($arg: $ty),*) {
-                if TRACEPOINT.enabled() {
-                    call($($arg),*);
-                }
+        /// Fires the tracepoint, testing a flag with one relaxed load instead of the
+        /// patched branch (for code that must not be patched, and to compare the two).
+        #[inline(always)]
+        pub fn trace_checked($($arg: $ty),*) {
+            if TRACEPOINT.enabled() {
+                __call_probes($($arg),*);
             }
+        }
 
-            #[inline(never)]
-            #[cold]
-            fn call($($arg: $ty),*) {
-                TRACEPOINT.for_each_probe(|probe| probe($($arg),*));
-            }
+        #[inline(never)]
+        #[cold]
+        fn __call_probes($($arg: $ty),*) {
+            TRACEPOINT.for_each_probe(|probe| probe($($arg),*));
+        }
 
-            /// Attaches a probe closure; higher `prio` runs first.
-            pub fn register<F>(prio: i32, probe: F) -> $crate::tracepoint::ProbeId
-            where
-                F: Fn($($ty),*) + Send + Sync + 'static,
-            {
-                TRACEPOINT.register(::std::sync::Arc::new(probe), prio)
-            }
+        /// Attaches a probe closure; higher `prio` runs first.
+        pub fn register<F>(prio: i32, probe: F) -> $crate::tracepoint::ProbeId
+        where
+            F: Fn($($ty),*) + Send + Sync + 'static,
+        {
+            TRACEPOINT.register(::std::sync::Arc::new(probe), prio)
+        }
 
-            /// Attaches `probe` with private `data`, as the kernel's
-            /// `register_trace_NAME(probe, data)`; the pair identifies the registration.
-            pub fn register_with_data<D: Send + Sync + 'static>(
-                probe: fn(&D, $($ty),*),
-                data: ::std::sync::Arc<D>,
-                prio: i32,
-            ) -> ::std::result::Result<$crate::tracepoint::ProbeId, $crate::tracepoint::ProbeError> {
-                let identity = (probe as usize, ::std::sync::Arc::as_ptr(&data) as *const () as usize);
-                TRACEPOINT.register_identity(
-                    ::std::sync::Arc::new(move |$($arg: $ty),*| probe(&data, $($arg),*)),
-                    prio,
-                    identity,
-                )
-            }
+        /// Attaches `probe` with private `data`, as the kernel's
+        /// `register_trace_NAME(probe, data)`; the pair identifies the registration.
+        pub fn register_with_data<D: Send + Sync + 'static>(
+            probe: fn(&D, $($ty),*),
+            data: ::std::sync::Arc<D>,
+            prio: i32,
+        ) -> ::std::result::Result<$crate::tracepoint::ProbeId, $crate::tracepoint::ProbeError> {
+            let identity = (probe as usize, ::std::sync::Arc::as_ptr(&data) as *const () as usize);
+            TRACEPOINT.register_identity(
+                ::std::sync::Arc::new(move |$($arg: $ty),*| probe(&data, $($arg),*)),
+                prio,
+                identity,
+            )
+        }
 
-            /// Detaches the probe registered with this `(probe, data)` pair.
-            pub fn unregister_with_data<D: Send + Sync + 'static>(
-                probe: fn(&D, $($ty),*),
-                data: &::std::sync::Arc<D>,
-            ) -> ::std::result::Result<(), $crate::tracepoint::ProbeError> {
-                let identity = (probe as usize, ::std::sync::Arc::as_ptr(data) as *const () as usize);
-                TRACEPOINT.unregister_identity(identity)
-            }
+        /// Detaches the probe registered with this `(probe, data)` pair.
+        pub fn unregister_with_data<D: Send + Sync + 'static>(
+            probe: fn(&D, $($ty),*),
+            data: &::std::sync::Arc<D>,
+        ) -> ::std::result::Result<(), $crate::tracepoint::ProbeError> {
+            let identity = (probe as usize, ::std::sync::Arc::as_ptr(data) as *const () as usize);
+            TRACEPOINT.unregister_identity(identity)
         }
     };
 }

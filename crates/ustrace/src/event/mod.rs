@@ -1,0 +1,177 @@
+//! Trace events: named, typed records produced by tracepoints, known by id and format.
+//!
+//! An *event* (`kv:get`) is a tracepoint plus a description of the record it writes: its
+//! fields, how the tracepoint's arguments fill them, and how the record prints. This is the
+//! kernel's `TRACE_EVENT`; in Rust it is the [`trace_event!`](crate::trace_event) macro.
+//!
+//! ```text
+//!  trace_event! ──> tracepoint `get` ──(probe per instance, attached on enable)──┐
+//!               └─> EventClass ──> registry: id, fields, print fmt               │
+//!                                                                                ▼
+//!                     EventFile (one per event per instance): soft-disable, filter,
+//!                     triggers ──> reserve in the instance's ring buffer ──> commit
+//! ```
+//!
+//! Events are described by [`EventClass`], implemented for macro-defined events
+//! ([`StaticEvent`]), for the built-in `ftrace:print` (`trace_marker`), and later for dynamic
+//! events. The [`registry`] gives each one an [`EventId`] and compiles its print format
+//! once; instances keep one [`EventFile`](crate::trace::EventFile) per event.
+
+pub mod field;
+mod macros;
+pub mod registry;
+
+use std::sync::Arc;
+
+pub use field::{FieldDesc, FieldKind, FieldValue, FixedStr, Layout};
+pub use registry::{registry, Event, EventId};
+
+use crate::trace::EventFile;
+use ustrace_ctl::vfs::Errno;
+
+/// Stops feeding an event file; returned by [`EventClass::attach`].
+pub trait Attachment: Send + Sync {
+    fn detach(self: Box<Self>);
+}
+
+/// What makes an event: its names, its record layout, its print format, and how it is
+/// connected to the code that produces it.
+pub trait EventClass: Send + Sync + 'static {
+    fn system(&self) -> &str;
+    fn name(&self) -> &str;
+    /// The event's own fields (not the common ones), with offsets.
+    fn fields(&self) -> Vec<FieldDesc>;
+    /// The `print fmt:` text.
+    fn print_fmt(&self, fields: &[FieldDesc]) -> String;
+    /// Starts producing records into `file`.
+    fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno>;
+    /// The name trace lines show before the text (`tracing_mark_write` for `ftrace:print`).
+    fn output_name(&self) -> &str {
+        self.name()
+    }
+    /// The print format trace lines render; the `format` file's one unless an event prints
+    /// differently from what it declares (as `ftrace:print` does).
+    fn display_fmt(&self, fields: &[FieldDesc]) -> String {
+        self.print_fmt(fields)
+    }
+}
+
+/// An event defined with [`trace_event!`](crate::trace_event): everything is known at
+/// compile time.
+pub struct StaticEvent {
+    pub system: &'static str,
+    pub name: &'static str,
+    pub layout: fn() -> Vec<FieldDesc>,
+    /// The C format string, without quotes.
+    pub format: &'static str,
+    /// Field names the format's conversions print, in order.
+    pub print_args: &'static [&'static str],
+    pub attach: fn(Arc<EventFile>) -> crate::tracepoint::ProbeId,
+    pub detach: fn(crate::tracepoint::ProbeId),
+}
+
+struct StaticAttachment {
+    detach: fn(crate::tracepoint::ProbeId),
+    id: crate::tracepoint::ProbeId,
+}
+
+impl Attachment for StaticAttachment {
+    fn detach(self: Box<Self>) {
+        (self.detach)(self.id)
+    }
+}
+
+/// Every event defined in the program, collected at link time.
+#[linkme::distributed_slice]
+pub static EVENTS: [&'static StaticEvent];
+
+impl EventClass for StaticEvent {
+    fn system(&self) -> &str {
+        self.system
+    }
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn fields(&self) -> Vec<FieldDesc> {
+        (self.layout)()
+    }
+    fn print_fmt(&self, fields: &[FieldDesc]) -> String {
+        let mut text = format!("\"{}\"", escape_c(self.format));
+        for arg in self.print_args {
+            text.push_str(", ");
+            match fields.iter().find(|f| f.name == *arg) {
+                Some(field) => text.push_str(&field.print_arg()),
+                None => text.push_str(&format!("REC->{arg}")),
+            }
+        }
+        text
+    }
+    fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
+        let id = (self.attach)(file);
+        Ok(Box::new(StaticAttachment {
+            detach: self.detach,
+            id,
+        }))
+    }
+}
+
+/// Escapes a format string as a C literal's body.
+pub fn escape_c(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The built-in `ftrace:print` event that `trace_marker` writes produce.
+pub(crate) struct MarkerEvent;
+
+impl EventClass for MarkerEvent {
+    fn system(&self) -> &str {
+        "ftrace"
+    }
+    fn name(&self) -> &str {
+        "print"
+    }
+    fn fields(&self) -> Vec<FieldDesc> {
+        vec![
+            FieldDesc {
+                name: "ip".into(),
+                c_type: "unsigned long".into(),
+                offset: 8,
+                size: 8,
+                signed: false,
+                kind: FieldKind::Int,
+            },
+            FieldDesc {
+                name: "buf".into(),
+                c_type: "char[]".into(),
+                offset: 16,
+                size: 0,
+                signed: false,
+                kind: FieldKind::TailString,
+            },
+        ]
+    }
+    fn print_fmt(&self, _fields: &[FieldDesc]) -> String {
+        "\"%ps: %s\", (void *)REC->ip, REC->buf".into()
+    }
+    fn attach(&self, _file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
+        // Records are written directly by `trace_marker`; the kernel's ftrace events cannot
+        // be enabled either.
+        Err(Errno::EPERM)
+    }
+    fn output_name(&self) -> &str {
+        "tracing_mark_write"
+    }
+    fn display_fmt(&self, _fields: &[FieldDesc]) -> String {
+        "\"%s\", REC->buf".into()
+    }
+}

@@ -1,0 +1,184 @@
+//! The registry of events: ids, lookup by name, and compiled print formats.
+//!
+//! Ids are handed out once per process: the kernel's fixed id for `ftrace:print` (5), then
+//! the events defined with `trace_event!` in (system, name) order from 1000 on, so that ids
+//! are stable between runs of the same program, then dynamic events as they are created.
+
+use std::sync::{Arc, OnceLock, RwLock};
+
+use super::field::{common_fields, FieldDesc};
+use super::{EventClass, MarkerEvent, EVENTS};
+use crate::output::print_fmt::PrintFmt;
+
+/// An event's id: its `common_type` in every record and its `id` file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId(pub u16);
+
+/// The id of `ftrace:print`, as the kernel numbers it.
+pub const MARKER_ID: EventId = EventId(5);
+const FIRST_STATIC_ID: u16 = 1000;
+
+/// A registered event.
+pub struct Event {
+    pub id: EventId,
+    pub class: Arc<dyn EventClass>,
+    /// The event's own fields (not the common ones).
+    pub fields: Vec<FieldDesc>,
+    /// The `print fmt:` text of the `format` file.
+    pub print_fmt: String,
+    /// What trace lines render.
+    pub display: PrintFmt,
+}
+
+impl Event {
+    fn new(id: EventId, class: Arc<dyn EventClass>) -> Arc<Event> {
+        let fields = class.fields();
+        let print_fmt = class.print_fmt(&fields);
+        let display = PrintFmt::compile(&class.display_fmt(&fields), &fields)
+            .unwrap_or_else(|e| panic!("event {}:{}: {e}", class.system(), class.name()));
+        Arc::new(Event {
+            id,
+            class,
+            fields,
+            print_fmt,
+            display,
+        })
+    }
+
+    pub fn system(&self) -> &str {
+        self.class.system()
+    }
+
+    pub fn name(&self) -> &str {
+        self.class.name()
+    }
+
+    /// Common fields followed by the event's own: what filters may name.
+    pub fn all_fields(&self) -> Vec<FieldDesc> {
+        let mut all = common_fields();
+        all.extend(self.fields.iter().cloned());
+        all
+    }
+
+    /// The text of the event's `format` file, laid out as the kernel's.
+    pub fn format_file(&self) -> String {
+        let mut out = format!("name: {}\nID: {}\nformat:\n", self.name(), self.id.0);
+        for field in common_fields() {
+            out.push_str(&field.format_line());
+            out.push('\n');
+        }
+        out.push('\n');
+        for field in &self.fields {
+            out.push_str(&field.format_line());
+            out.push('\n');
+        }
+        out.push_str(&format!("\nprint fmt: {}\n", self.print_fmt));
+        out
+    }
+}
+
+/// All events of the process.
+pub struct Registry {
+    events: RwLock<Vec<Arc<Event>>>,
+}
+
+/// The process's event registry, built on first use from the events linked into it.
+pub fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let mut events = vec![Event::new(MARKER_ID, Arc::new(MarkerEvent))];
+        let mut statics: Vec<_> = EVENTS.iter().copied().collect();
+        statics.sort_by_key(|e| (e.system, e.name));
+        statics.dedup_by_key(|e| (e.system, e.name));
+        for (i, def) in statics.into_iter().enumerate() {
+            let id = EventId(FIRST_STATIC_ID + i as u16);
+            events.push(Event::new(id, Arc::new(StaticRef(def))));
+        }
+        Registry {
+            events: RwLock::new(events),
+        }
+    })
+}
+
+/// A `&'static StaticEvent` as an owned class.
+struct StaticRef(&'static super::StaticEvent);
+
+impl EventClass for StaticRef {
+    fn system(&self) -> &str {
+        self.0.system
+    }
+    fn name(&self) -> &str {
+        self.0.name
+    }
+    fn fields(&self) -> Vec<FieldDesc> {
+        self.0.fields()
+    }
+    fn print_fmt(&self, fields: &[FieldDesc]) -> String {
+        self.0.print_fmt(fields)
+    }
+    fn attach(
+        &self,
+        file: Arc<crate::trace::EventFile>,
+    ) -> Result<Box<dyn super::Attachment>, ustrace_ctl::vfs::Errno> {
+        self.0.attach(file)
+    }
+}
+
+impl Registry {
+    /// Every event, in id order.
+    pub fn all(&self) -> Vec<Arc<Event>> {
+        self.events
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn by_id(&self, id: EventId) -> Option<Arc<Event>> {
+        self.all().into_iter().find(|e| e.id == id)
+    }
+
+    pub fn find(&self, system: &str, name: &str) -> Option<Arc<Event>> {
+        self.all()
+            .into_iter()
+            .find(|e| e.system() == system && e.name() == name)
+    }
+
+    /// Adds an event created at run time; fails if the name is taken.
+    pub fn add(&self, class: Arc<dyn EventClass>) -> Result<Arc<Event>, ustrace_ctl::vfs::Errno> {
+        let mut events = self.events.write().unwrap_or_else(|e| e.into_inner());
+        if events
+            .iter()
+            .any(|e| e.system() == class.system() && e.name() == class.name())
+        {
+            return Err(ustrace_ctl::vfs::Errno::EEXIST);
+        }
+        let next = events
+            .iter()
+            .map(|e| e.id.0)
+            .max()
+            .unwrap_or(FIRST_STATIC_ID)
+            + 1;
+        let event = Event::new(EventId(next), class);
+        events.push(event.clone());
+        Ok(event)
+    }
+
+    /// Removes an event created at run time.
+    pub fn remove(&self, id: EventId) -> Option<Arc<Event>> {
+        let mut events = self.events.write().unwrap_or_else(|e| e.into_inner());
+        let at = events.iter().position(|e| e.id == id)?;
+        Some(events.remove(at))
+    }
+
+    /// The `available_events` text: `system:event` lines.
+    pub fn available_events(&self) -> String {
+        let mut lines: Vec<String> = self
+            .all()
+            .iter()
+            .filter(|e| e.id != MARKER_ID)
+            .map(|e| format!("{}:{}\n", e.system(), e.name()))
+            .collect();
+        lines.sort();
+        lines.concat()
+    }
+}

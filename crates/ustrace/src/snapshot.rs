@@ -1,0 +1,95 @@
+//! The `snapshot` file: a second buffer swapped with the live one on demand.
+//!
+//! `echo 1 > snapshot` allocates the snapshot buffer if needed and swaps it with the live
+//! buffer, so the snapshot holds what was traced until then and tracing goes on in the other;
+//! `echo 0` frees it; any other number clears it. Reading shows the snapshot as `trace` shows
+//! the live buffer, or, when none is allocated, how to take one.
+
+use std::sync::Arc;
+
+use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
+use ustrace_ringbuf::{Config, RingBuffer};
+
+use crate::trace::Instance;
+use crate::tracefs::files::{parse_ulong, TextFile};
+
+const NOT_ALLOCATED: &str = "# *** SNAPSHOT NOT ALLOCATED ***\n";
+
+const HELP: &str = "\
+# Snapshot commands:
+# echo 0 > snapshot : frees the snapshot buffer
+# echo 1 > snapshot : allocates the snapshot buffer if needed and takes a snapshot
+# echo 2 > snapshot : clears the snapshot buffer (any number but 0 and 1 does)
+";
+
+fn render(instance: &Instance) -> String {
+    let guard = instance.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(snapshot) = guard.as_ref() else {
+        return format!("{NOT_ALLOCATED}{HELP}");
+    };
+    let mut out = crate::output::header_for(instance, snapshot);
+    out.push_str("#\n# * Snapshot is allocated *\n#\n");
+    out.push_str(HELP);
+    for event in snapshot.iter() {
+        crate::output::format_event(instance, &event, &mut out);
+    }
+    out
+}
+
+fn command(instance: &Instance, value: u64) -> Result<(), Errno> {
+    let mut guard = instance.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+    match value {
+        0 => *guard = None,
+        1 => {
+            if guard.is_none() {
+                let live = instance.buffer();
+                *guard = Some(
+                    RingBuffer::new(Config {
+                        nr_cpus: live.nr_cpus(),
+                        size_per_cpu: live.size_per_cpu(),
+                        overwrite: live.overwrite(),
+                        clock: live.clock(),
+                        name: format!(
+                            "{}-snapshot",
+                            if instance.name.is_empty() {
+                                "top"
+                            } else {
+                                &instance.name
+                            }
+                        ),
+                    })
+                    .map_err(|_| Errno::ENOMEM)?,
+                );
+            }
+            let snapshot = guard.as_ref().expect("allocated above");
+            snapshot.reset();
+            instance.buffer().swap(snapshot).map_err(|_| Errno::EBUSY)?;
+        }
+        _ => {
+            if let Some(snapshot) = guard.as_ref() {
+                snapshot.reset();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes a snapshot now, as `echo 1 > snapshot` and the `snapshot` trigger do.
+pub fn take(instance: &Instance) -> Result<(), Errno> {
+    command(instance, 1)
+}
+
+pub fn open(instance: Arc<Instance>, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
+    let content = if flags.read {
+        render(&instance)
+    } else {
+        String::new()
+    };
+    Ok(Box::new(TextFile::new(
+        content,
+        Some(Box::new(move |data| {
+            command(&instance, parse_ulong(data)?)?;
+            Ok(data.len())
+        })),
+    )))
+}

@@ -1,0 +1,732 @@
+//! The tracefs tree: `/sys/kernel/tracing`, served from inside the process.
+//!
+//! One model, three doors: [`TraceFs`] implements [`FileSystem`], which the in-process API,
+//! the control socket and the FUSE mount all call, so behaviour cannot drift between them.
+//!
+//! ```text
+//!  ""                      top instance: control files + events/ per_cpu/ options/ instances/
+//!  ├─ events/              enable, header_page, header_event
+//!  │   └─ SYS/             enable
+//!  │       └─ EVENT/       enable, format, id
+//!  ├─ per_cpu/cpuN/        trace, trace_pipe, trace_pipe_raw, stats, buffer_size_kb
+//!  ├─ options/             one 0/1 file per trace option
+//!  └─ instances/NAME/      the same tree again (no instances/ inside), independent state
+//! ```
+//!
+//! A path is resolved to a [`Node`] each time it is used; nodes hold the instance or event
+//! they name, so a file opened before its instance was removed keeps working on the old one.
+//! Errors are the kernel's errno for the same mistake.
+
+pub mod files;
+pub mod pipe;
+
+use std::sync::Arc;
+
+use ustrace_ctl::vfs::{DirEntry, Errno, FileKind, FileSystem, OpenFile, OpenFlags, Stat};
+use ustrace_ringbuf::clock::Clock;
+
+use crate::event::registry::registry;
+use crate::options::OPTIONS;
+use crate::trace::{tracing, EventFile, Instance};
+use files::{parse_bool, parse_ulong, text_arg, TextFile, WriteFn};
+use pipe::TracePipe;
+
+/// The tracefs of this process.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TraceFs;
+
+/// The process's tracefs.
+pub fn tracefs() -> TraceFs {
+    TraceFs
+}
+
+/// Files every instance has, with their modes.
+const INSTANCE_FILES: &[(&str, u32)] = &[
+    ("available_tracers", 0o444),
+    ("buffer_size_kb", 0o644),
+    ("buffer_total_size_kb", 0o444),
+    ("current_tracer", 0o644),
+    ("error_log", 0o644),
+    ("free_buffer", 0o200),
+    ("set_event", 0o644),
+    ("snapshot", 0o644),
+    ("trace", 0o644),
+    ("trace_clock", 0o644),
+    ("trace_marker", 0o220),
+    ("trace_options", 0o644),
+    ("trace_pipe", 0o444),
+    ("tracing_on", 0o644),
+];
+
+/// Files only the top-level directory has.
+const TOP_FILES: &[(&str, u32)] = &[
+    ("README", 0o444),
+    ("available_events", 0o444),
+    ("saved_cmdlines", 0o444),
+    ("saved_cmdlines_size", 0o644),
+];
+
+const CPU_FILES: &[(&str, u32)] = &[
+    ("buffer_size_kb", 0o644),
+    ("stats", 0o444),
+    ("trace", 0o644),
+    ("trace_pipe", 0o444),
+    ("trace_pipe_raw", 0o444),
+];
+
+/// What a path names.
+enum Node {
+    Dir(Dir),
+    File(File),
+}
+
+#[derive(Clone)]
+enum Dir {
+    Root(Arc<Instance>),
+    Events(Arc<Instance>),
+    System(Arc<Instance>, String),
+    Event(Arc<EventFile>),
+    Instances,
+    PerCpu(Arc<Instance>),
+    Cpu,
+    Options,
+}
+
+enum File {
+    Instance(Arc<Instance>, &'static str),
+    EventsEnable(Arc<Instance>),
+    HeaderPage,
+    HeaderEvent,
+    SystemEnable(Arc<Instance>, String),
+    EventEnable(Arc<EventFile>),
+    EventFormat(Arc<EventFile>),
+    EventId(Arc<EventFile>),
+    Cpu(Arc<Instance>, usize, &'static str),
+    Option(Arc<Instance>, &'static str),
+}
+
+fn components(path: &str) -> Result<Vec<&str>, Errno> {
+    let parts: Vec<&str> = path
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .collect();
+    if parts.contains(&"..") {
+        return Err(Errno::EINVAL);
+    }
+    Ok(parts)
+}
+
+fn find_name(table: &'static [(&'static str, u32)], name: &str) -> Option<&'static str> {
+    table.iter().find(|(n, _)| *n == name).map(|(n, _)| *n)
+}
+
+fn resolve(path: &str) -> Result<Node, Errno> {
+    let parts = components(path)?;
+    let tracing = tracing();
+    let (instance, rest, top) = match parts.as_slice() {
+        ["instances"] => return Ok(Node::Dir(Dir::Instances)),
+        ["instances", name, rest @ ..] => (
+            tracing.instance(name).ok_or(Errno::ENOENT)?,
+            rest.to_vec(),
+            false,
+        ),
+        _ => (tracing.top().clone(), parts.clone(), true),
+    };
+    resolve_in(instance, &rest, top)
+}
+
+fn resolve_in(instance: Arc<Instance>, parts: &[&str], top: bool) -> Result<Node, Errno> {
+    let node = match parts {
+        [] => Node::Dir(Dir::Root(instance)),
+        ["events"] => Node::Dir(Dir::Events(instance)),
+        ["events", "enable"] => Node::File(File::EventsEnable(instance)),
+        ["events", "header_page"] => Node::File(File::HeaderPage),
+        ["events", "header_event"] => Node::File(File::HeaderEvent),
+        ["events", system, rest @ ..] => {
+            if instance.files_of(Some(system)).is_empty() && *system != "ftrace" {
+                return Err(Errno::ENOENT);
+            }
+            let event = |name: &str| {
+                instance
+                    .files()
+                    .into_iter()
+                    .find(|f| f.event.system() == *system && f.event.name() == name)
+                    .ok_or(Errno::ENOENT)
+            };
+            match rest {
+                [] => Node::Dir(Dir::System(instance.clone(), system.to_string())),
+                ["enable"] if *system != "ftrace" => {
+                    Node::File(File::SystemEnable(instance.clone(), system.to_string()))
+                }
+                [name] => Node::Dir(Dir::Event(event(name)?)),
+                [name, "enable"] if *system != "ftrace" => {
+                    Node::File(File::EventEnable(event(name)?))
+                }
+                [name, "format"] => Node::File(File::EventFormat(event(name)?)),
+                [name, "id"] => Node::File(File::EventId(event(name)?)),
+                _ => return Err(Errno::ENOENT),
+            }
+        }
+        ["per_cpu"] => Node::Dir(Dir::PerCpu(instance)),
+        ["per_cpu", cpu, rest @ ..] => {
+            let cpu = cpu
+                .strip_prefix("cpu")
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|&n| n < instance.buffer().nr_cpus())
+                .ok_or(Errno::ENOENT)?;
+            match rest {
+                [] => Node::Dir(Dir::Cpu),
+                [name] => Node::File(File::Cpu(
+                    instance,
+                    cpu,
+                    find_name(CPU_FILES, name).ok_or(Errno::ENOENT)?,
+                )),
+                _ => return Err(Errno::ENOENT),
+            }
+        }
+        ["options"] => Node::Dir(Dir::Options),
+        ["options", name] => {
+            let name = OPTIONS
+                .iter()
+                .find(|(n, _)| n == name)
+                .ok_or(Errno::ENOENT)?
+                .0;
+            Node::File(File::Option(instance, name))
+        }
+        [name] => {
+            let found = find_name(INSTANCE_FILES, name)
+                .or_else(|| {
+                    if top {
+                        find_name(TOP_FILES, name)
+                    } else {
+                        None
+                    }
+                })
+                .ok_or(Errno::ENOENT)?;
+            Node::File(File::Instance(instance, found))
+        }
+        _ => return Err(Errno::ENOENT),
+    };
+    Ok(node)
+}
+
+fn mode_of(file: &File) -> u32 {
+    match file {
+        File::Instance(_, name) => INSTANCE_FILES
+            .iter()
+            .chain(TOP_FILES)
+            .find(|(n, _)| n == name)
+            .map_or(0o444, |(_, m)| *m),
+        File::Cpu(_, _, name) => CPU_FILES
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0o444, |(_, m)| *m),
+        File::HeaderPage | File::HeaderEvent | File::EventFormat(_) | File::EventId(_) => 0o444,
+        _ => 0o644,
+    }
+}
+
+impl FileSystem for TraceFs {
+    fn stat(&self, path: &str) -> Result<Stat, Errno> {
+        Ok(match resolve(path)? {
+            Node::Dir(_) => Stat {
+                kind: FileKind::Dir,
+                mode: 0o755,
+            },
+            Node::File(file) => Stat {
+                kind: FileKind::File,
+                mode: mode_of(&file),
+            },
+        })
+    }
+
+    fn readdir(&self, path: &str) -> Result<Vec<DirEntry>, Errno> {
+        let Node::Dir(dir) = resolve(path)? else {
+            return Err(Errno::ENOTDIR);
+        };
+        let file = |name: &str| DirEntry {
+            name: name.to_string(),
+            kind: FileKind::File,
+        };
+        let dir_entry = |name: &str| DirEntry {
+            name: name.to_string(),
+            kind: FileKind::Dir,
+        };
+        let mut entries = Vec::new();
+        match dir {
+            Dir::Root(instance) => {
+                let top = instance.name.is_empty();
+                for (name, _) in INSTANCE_FILES
+                    .iter()
+                    .chain(if top { TOP_FILES } else { &[] })
+                {
+                    entries.push(file(name));
+                }
+                for name in ["events", "options", "per_cpu"] {
+                    entries.push(dir_entry(name));
+                }
+                if top {
+                    entries.push(dir_entry("instances"));
+                }
+            }
+            Dir::Events(instance) => {
+                entries.extend(["enable", "header_event", "header_page"].map(file));
+                let mut systems: Vec<String> = instance
+                    .files()
+                    .iter()
+                    .map(|f| f.event.system().to_string())
+                    .collect();
+                systems.sort();
+                systems.dedup();
+                entries.extend(systems.iter().map(|s| dir_entry(s)));
+            }
+            Dir::System(instance, system) => {
+                if system != "ftrace" {
+                    entries.push(file("enable"));
+                }
+                for f in instance
+                    .files()
+                    .iter()
+                    .filter(|f| f.event.system() == system)
+                {
+                    entries.push(dir_entry(f.event.name()));
+                }
+            }
+            Dir::Event(event_file) => {
+                if event_file.event.system() != "ftrace" {
+                    entries.push(file("enable"));
+                }
+                entries.extend(["format", "id"].map(file));
+            }
+            Dir::Instances => {
+                entries.extend(tracing().instance_names().iter().map(|n| dir_entry(n)));
+            }
+            Dir::PerCpu(instance) => {
+                for cpu in 0..instance.buffer().nr_cpus() {
+                    entries.push(dir_entry(&format!("cpu{cpu}")));
+                }
+            }
+            Dir::Cpu => entries.extend(CPU_FILES.iter().map(|(n, _)| file(n))),
+            Dir::Options => entries.extend(OPTIONS.iter().map(|(n, _)| file(n))),
+        }
+        Ok(entries)
+    }
+
+    fn open(&self, path: &str, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
+        match resolve(path)? {
+            Node::Dir(_) => Err(Errno::EISDIR),
+            Node::File(file) => open_file(file, flags),
+        }
+    }
+
+    fn mkdir(&self, path: &str) -> Result<(), Errno> {
+        match components(path)?.as_slice() {
+            ["instances", name] => tracing().create_instance(name).map(|_| ()),
+            parts => match resolve(&parts.join("/")) {
+                Ok(_) => Err(Errno::EEXIST),
+                Err(_) => Err(Errno::EPERM),
+            },
+        }
+    }
+
+    fn rmdir(&self, path: &str) -> Result<(), Errno> {
+        match components(path)?.as_slice() {
+            ["instances", name] => tracing().remove_instance(name),
+            parts => match resolve(&parts.join("/"))? {
+                Node::Dir(_) => Err(Errno::EPERM),
+                Node::File(_) => Err(Errno::ENOTDIR),
+            },
+        }
+    }
+}
+
+fn text(content: impl Into<Vec<u8>>) -> Result<Box<dyn OpenFile>, Errno> {
+    Ok(Box::new(TextFile::new(content, None)))
+}
+
+fn rw(content: impl Into<Vec<u8>>, writer: WriteFn) -> Result<Box<dyn OpenFile>, Errno> {
+    Ok(Box::new(TextFile::new(content, Some(writer))))
+}
+
+/// The text of an `enable` file that covers several events.
+fn enable_summary(files: &[Arc<EventFile>]) -> &'static str {
+    let enabled = files.iter().filter(|f| f.is_enabled()).count();
+    match (files.len(), enabled) {
+        (0, _) => "?\n",
+        (_, 0) => "0\n",
+        (n, e) if n == e => "1\n",
+        _ => "X\n",
+    }
+}
+
+fn set_all(files: Vec<Arc<EventFile>>, on: bool) -> Result<(), Errno> {
+    for file in files {
+        file.set_enabled(on)?;
+    }
+    Ok(())
+}
+
+fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
+    match file {
+        File::Instance(instance, name) => open_instance_file(instance, name, flags),
+        File::EventsEnable(instance) => {
+            let content = if flags.read {
+                enable_summary(&instance.files_of(None))
+            } else {
+                ""
+            };
+            rw(
+                content,
+                Box::new(move |data| {
+                    set_all(instance.files_of(None), parse_bool(data)?)?;
+                    Ok(data.len())
+                }),
+            )
+        }
+        File::SystemEnable(instance, system) => {
+            let content = enable_summary(&instance.files_of(Some(&system)));
+            rw(
+                content,
+                Box::new(move |data| {
+                    set_all(instance.files_of(Some(&system)), parse_bool(data)?)?;
+                    Ok(data.len())
+                }),
+            )
+        }
+        File::EventEnable(event_file) => rw(
+            event_file.enable_text(),
+            Box::new(move |data| {
+                event_file.set_enabled(parse_bool(data)?)?;
+                Ok(data.len())
+            }),
+        ),
+        File::EventFormat(event_file) => text(event_file.event.format_file()),
+        File::EventId(event_file) => text(format!("{}\n", event_file.event.id.0)),
+        File::HeaderPage => text(header_page()),
+        File::HeaderEvent => text(HEADER_EVENT),
+        File::Option(instance, name) => rw(
+            if instance.options.get(name) {
+                "1\n"
+            } else {
+                "0\n"
+            },
+            Box::new(move |data| {
+                set_option(&instance, name, parse_bool(data)?);
+                Ok(data.len())
+            }),
+        ),
+        File::Cpu(instance, cpu, name) => open_cpu_file(instance, cpu, name, flags),
+    }
+}
+
+fn set_option(instance: &Instance, name: &str, on: bool) {
+    instance.options.set(name, on);
+    match name {
+        "overwrite" => instance.buffer().set_overwrite(on),
+        "record-cmd" => instance
+            .shared
+            .record_cmd
+            .store(on, std::sync::atomic::Ordering::Relaxed),
+        _ => {}
+    }
+}
+
+fn whole_trace(instance: &Instance, cpu: Option<usize>) -> String {
+    let mut out = crate::output::trace_header(instance);
+    let buffer = instance.buffer();
+    let iter = match cpu {
+        Some(cpu) => buffer.iter_cpu(cpu),
+        None => buffer.iter(),
+    };
+    for event in iter {
+        crate::output::format_event(instance, &event, &mut out);
+    }
+    out
+}
+
+fn open_instance_file(
+    instance: Arc<Instance>,
+    name: &'static str,
+    flags: OpenFlags,
+) -> Result<Box<dyn OpenFile>, Errno> {
+    match name {
+        "README" => text(README),
+        "available_events" => text(registry().available_events()),
+        "available_tracers" => text("nop\n"),
+        "current_tracer" => rw(
+            "nop\n",
+            Box::new(|data| match text_arg(data)? {
+                "nop" | "" => Ok(data.len()),
+                _ => Err(Errno::EINVAL),
+            }),
+        ),
+        "saved_cmdlines" => text(crate::thread::saved_cmdlines()),
+        "saved_cmdlines_size" => rw(
+            format!("{}\n", crate::thread::SAVED_CMDLINES_SIZE),
+            Box::new(|data| parse_ulong(data).map(|_| data.len())),
+        ),
+        "tracing_on" => rw(
+            if instance.buffer().is_recording() {
+                "1\n"
+            } else {
+                "0\n"
+            },
+            Box::new(move |data| {
+                instance.buffer().set_recording(parse_ulong(data)? != 0);
+                Ok(data.len())
+            }),
+        ),
+        "trace" => {
+            if flags.truncate {
+                instance.buffer().reset();
+            }
+            let content = if flags.read {
+                whole_trace(&instance, None)
+            } else {
+                String::new()
+            };
+            rw(content, Box::new(|data| Ok(data.len())))
+        }
+        "trace_pipe" => Ok(Box::new(TracePipe::new(
+            instance,
+            None,
+            false,
+            flags.nonblock,
+        ))),
+        "trace_marker" => rw(
+            "",
+            Box::new(move |data| crate::marker::write(&instance, data)),
+        ),
+        "trace_clock" => rw(
+            clock_listing(instance.buffer().clock()),
+            Box::new(move |data| {
+                let clock = Clock::from_name(text_arg(data)?.trim()).ok_or(Errno::EINVAL)?;
+                if clock != instance.buffer().clock() {
+                    instance.buffer().set_clock(clock);
+                    instance.buffer().reset();
+                }
+                Ok(data.len())
+            }),
+        ),
+        "buffer_size_kb" => rw(
+            buffer_size_text(instance.buffer()),
+            Box::new(move |data| {
+                let kb = parse_ulong(data)?;
+                if kb == 0 {
+                    return Err(Errno::EINVAL);
+                }
+                instance
+                    .buffer()
+                    .resize(kb as usize * 1024)
+                    .map_err(|_| Errno::ENOMEM)?;
+                Ok(data.len())
+            }),
+        ),
+        "buffer_total_size_kb" => text(format!(
+            "{}\n",
+            (0..instance.buffer().nr_cpus())
+                .map(|cpu| instance.buffer().size_of_cpu(cpu) / 1024)
+                .sum::<usize>()
+        )),
+        "free_buffer" => {
+            let on_close = instance.clone();
+            Ok(Box::new(
+                TextFile::new("", Some(Box::new(|data| Ok(data.len())))).on_release(Box::new(
+                    move || {
+                        if on_close.options.get("disable_on_free") {
+                            on_close.buffer().set_recording(false);
+                        }
+                        let _ = on_close.buffer().resize(1);
+                    },
+                )),
+            ))
+        }
+        "error_log" => {
+            if flags.truncate {
+                instance.clear_error_log();
+            }
+            let content = if flags.read {
+                instance.error_log_text()
+            } else {
+                String::new()
+            };
+            rw(content, Box::new(|data| Ok(data.len())))
+        }
+        "trace_options" => rw(
+            instance.options.listing(),
+            Box::new(move |data| {
+                let name = text_arg(data)?.trim();
+                let (option, on) = match name.strip_prefix("no") {
+                    Some(rest) if crate::options::bit(rest).is_some() => (rest, false),
+                    _ => (name, true),
+                };
+                if crate::options::bit(option).is_none() {
+                    return Err(Errno::EINVAL);
+                }
+                set_option(&instance, option, on);
+                Ok(data.len())
+            }),
+        ),
+        "set_event" => {
+            if flags.truncate && !flags.append {
+                set_all(instance.files_of(None), false)?;
+            }
+            let listing: String = instance
+                .files_of(None)
+                .iter()
+                .filter(|f| f.is_enabled())
+                .map(|f| format!("{}:{}\n", f.event.system(), f.event.name()))
+                .collect();
+            rw(
+                listing,
+                Box::new(move |data| {
+                    crate::set_event::write(&instance, data)?;
+                    Ok(data.len())
+                }),
+            )
+        }
+        "snapshot" => crate::snapshot::open(instance, flags),
+        _ => Err(Errno::ENOENT),
+    }
+}
+
+fn open_cpu_file(
+    instance: Arc<Instance>,
+    cpu: usize,
+    name: &'static str,
+    flags: OpenFlags,
+) -> Result<Box<dyn OpenFile>, Errno> {
+    match name {
+        "trace" => {
+            if flags.truncate {
+                instance.buffer().reset_cpu(cpu);
+            }
+            let content = if flags.read {
+                whole_trace(&instance, Some(cpu))
+            } else {
+                String::new()
+            };
+            rw(content, Box::new(|data| Ok(data.len())))
+        }
+        "trace_pipe" => Ok(Box::new(TracePipe::new(
+            instance,
+            Some(cpu),
+            false,
+            flags.nonblock,
+        ))),
+        "trace_pipe_raw" => Ok(Box::new(TracePipe::new(
+            instance,
+            Some(cpu),
+            true,
+            flags.nonblock,
+        ))),
+        "stats" => text(cpu_stats(&instance, cpu)),
+        "buffer_size_kb" => rw(
+            format!("{}\n", instance.buffer().size_of_cpu(cpu) / 1024),
+            Box::new(move |data| {
+                let kb = parse_ulong(data)?;
+                if kb == 0 {
+                    return Err(Errno::EINVAL);
+                }
+                instance
+                    .buffer()
+                    .resize_cpu(cpu, kb as usize * 1024)
+                    .map_err(|_| Errno::ENOMEM)?;
+                Ok(data.len())
+            }),
+        ),
+        _ => Err(Errno::ENOENT),
+    }
+}
+
+/// `buffer_size_kb`: the size every CPU has, or `X` when they differ, as the kernel shows.
+fn buffer_size_text(buffer: &ustrace_ringbuf::RingBuffer) -> String {
+    let first = buffer.size_of_cpu(0);
+    if (1..buffer.nr_cpus()).all(|cpu| buffer.size_of_cpu(cpu) == first) {
+        format!("{}\n", first / 1024)
+    } else {
+        "X\n".to_string()
+    }
+}
+
+fn seconds(ns: u64) -> String {
+    format!(
+        "{:>5}.{:06}",
+        ns / 1_000_000_000,
+        (ns % 1_000_000_000) / 1000
+    )
+}
+
+fn cpu_stats(instance: &Instance, cpu: usize) -> String {
+    let s = instance.buffer().stats(cpu);
+    format!(
+        "entries: {}\noverrun: {}\ncommit overrun: {}\nbytes: {}\noldest event ts: {}\nnow ts: {}\ndropped events: {}\nread events: {}\n",
+        s.entries,
+        s.overrun,
+        s.commit_overrun,
+        s.bytes,
+        seconds(s.oldest_event_ts),
+        seconds(s.now_ts),
+        s.dropped_events,
+        s.read_events
+    )
+}
+
+fn clock_listing(current: Clock) -> String {
+    let names: Vec<String> = Clock::ALL
+        .iter()
+        .map(|c| {
+            if *c == current {
+                format!("[{}]", c.name())
+            } else {
+                c.name().to_string()
+            }
+        })
+        .collect();
+    format!("{}\n", names.join(" "))
+}
+
+/// `events/header_page`: the page header layout, as the kernel describes its own.
+fn header_page() -> String {
+    let data = ustrace_ringbuf::page::PAGE_SIZE - ustrace_ringbuf::page::PAGE_HEADER_SIZE;
+    format!(
+        "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n\
+         \tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n\
+         \tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n\
+         \tfield: char data;\toffset:16;\tsize:{data};\tsigned:0;\n"
+    )
+}
+
+/// `events/header_event`: the event header layout (compressed entry header).
+const HEADER_EVENT: &str = "# compressed entry header\n\
+\ttype_len    :    5 bits\n\
+\ttime_delta  :   27 bits\n\
+\tarray       :   32 bits\n\
+\n\
+\tpadding     : type == 29\n\
+\ttime_extend : type == 30\n\
+\ttime_stamp : type == 31\n\
+\tdata max type_len  == 28\n";
+
+const README: &str = "\
+ustrace tracefs: the kernel's event tracing, served by this process.
+
+ Files:
+  trace\t\t\t- the buffer as text; a truncating write (echo > trace) clears it
+  trace_pipe\t\t- the buffer as text, consumed as read; blocks for new events
+  trace_marker\t\t- a write becomes an ftrace:print (tracing_mark_write) event
+  tracing_on\t\t- 1 records, 0 stops recording
+  trace_clock\t\t- the clocks; the one in brackets stamps events
+  trace_options\t\t- the options; write NAME or noNAME (also options/NAME)
+  buffer_size_kb\t- ring buffer size per CPU, in KiB
+  buffer_total_size_kb\t- ring buffer size of all CPUs, in KiB
+  free_buffer\t\t- shrinks the buffer when closed
+  snapshot\t\t- 1 takes a snapshot, 0 frees it, 2 clears it
+  set_event\t\t- enabled events; write SYS:EVENT, SYS:*, *:*, EVENT, !EVENT
+  available_events\t- events that can be enabled
+  events/\t\t- per-event enable, format and id files
+  per_cpu/cpuN/\t\t- trace, trace_pipe, trace_pipe_raw, stats per CPU
+  instances/\t\t- mkdir makes an independent trace instance, rmdir removes it
+  error_log\t\t- the last errors of command writes
+  saved_cmdlines\t- thread ids and names seen in the trace
+";

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite, with everything it needs from the system set up first.
+#
+# As root (CI, the dev machines) it installs the Debian packages the tests use and mounts
+# tracefs for the differential tests against the kernel; without root those tests say
+# "skipped: <why>" and pass. USTRACE_STRESS_SECS sets how long each stress test runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    need=()
+    for pkg in libtraceevent-dev fuse3 pkg-config; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+    done
+    if [ ${#need[@]} -gt 0 ]; then
+        echo "test.sh: installing ${need[*]}"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") \
+            || echo "test.sh: skipped: could not install ${need[*]} (tests that need them will say so)"
+    fi
+    if [ -d /sys/kernel/tracing ] && ! [ -e /sys/kernel/tracing/trace ]; then
+        mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null \
+            || echo "test.sh: skipped: cannot mount tracefs (kernel differential tests will skip)"
+    fi
+else
+    echo "test.sh: not root: system packages, tracefs and FUSE tests may be skipped"
+fi
+
+export USTRACE_STRESS_SECS="${USTRACE_STRESS_SECS:-30}"
+cargo test --workspace --no-fail-fast "$@"
