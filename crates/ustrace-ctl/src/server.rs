@@ -29,7 +29,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -156,10 +156,98 @@ fn remember_at_exit(path: &Path) {
         unsafe { libc::atexit(remove_sockets_at_exit) };
     });
     lock(exit_sockets()).push((std::process::id(), path.to_owned()));
+    remember_on_signal(path);
 }
 
 fn forget_at_exit(path: &Path) {
     lock(exit_sockets()).retain(|(_, p)| p != path);
+    forget_on_signal(path);
+}
+
+/// Socket paths the fatal-signal handler unlinks. A signal handler may not lock or allocate,
+/// so each path is a leaked C string behind an atomic pointer; the pid that bound it guards
+/// against a forked child removing its parent's socket.
+const SIGNAL_SLOTS: usize = 16;
+static SIGNAL_PATHS: [AtomicPtr<libc::c_char>; SIGNAL_SLOTS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; SIGNAL_SLOTS];
+static SIGNAL_PIDS: [AtomicU32; SIGNAL_SLOTS] = [const { AtomicU32::new(0) }; SIGNAL_SLOTS];
+
+extern "C" fn remove_sockets_on_signal(sig: libc::c_int) {
+    // SAFETY: getpid, unlink and raise are async-signal-safe; each pointer is either null or a
+    // C string that is never freed.
+    unsafe {
+        let me = libc::getpid() as u32;
+        for (path, pid) in SIGNAL_PATHS.iter().zip(&SIGNAL_PIDS) {
+            let p = path.load(Ordering::SeqCst);
+            if !p.is_null() && pid.load(Ordering::SeqCst) == me {
+                libc::unlink(p);
+            }
+        }
+        // SA_RESETHAND restored the default action: die of the same signal, as without us.
+        libc::raise(sig);
+    }
+}
+
+/// Makes SIGINT, SIGTERM and SIGHUP remove the socket before the process dies of them —
+/// only where the process left the default action (die) in place, so its own handlers and
+/// ignored signals are untouched, and the exit status is the one it would have had.
+fn remember_on_signal(path: &Path) {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: sigaction with valid pointers; the handler only makes async-signal-safe
+            // calls.
+            unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+                    || old.sa_sigaction != libc::SIG_DFL
+                {
+                    continue;
+                }
+                let mut new: libc::sigaction = std::mem::zeroed();
+                new.sa_sigaction = remove_sockets_on_signal as *const () as usize;
+                new.sa_flags = libc::SA_RESETHAND;
+                libc::sigemptyset(&mut new.sa_mask);
+                libc::sigaction(sig, &new, std::ptr::null_mut());
+            }
+        }
+    });
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    let raw = c.into_raw();
+    for (slot, pid) in SIGNAL_PATHS.iter().zip(&SIGNAL_PIDS) {
+        if slot
+            .compare_exchange(
+                std::ptr::null_mut(),
+                raw,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok()
+        {
+            // Until this store a handler skips the slot (pid mismatch): harmless.
+            pid.store(std::process::id(), Ordering::SeqCst);
+            return;
+        }
+    }
+    // All slots taken (more than 16 live servers): this one is cleaned at exit only.
+    // SAFETY: raw came from CString::into_raw just above and was not shared.
+    drop(unsafe { std::ffi::CString::from_raw(raw) });
+}
+
+fn forget_on_signal(path: &Path) {
+    let bytes = path.as_os_str().as_encoded_bytes();
+    for slot in &SIGNAL_PATHS {
+        let p = slot.load(Ordering::SeqCst);
+        // SAFETY: non-null slots hold C strings that are never freed.
+        if !p.is_null() && unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes() == bytes {
+            // The string is leaked, not freed: a handler running now on another thread may
+            // still be reading it.
+            let _ =
+                slot.compare_exchange(p, std::ptr::null_mut(), Ordering::SeqCst, Ordering::SeqCst);
+        }
+    }
 }
 
 /// Makes the socket directory (0700) and checks that it belongs to us and nobody else can

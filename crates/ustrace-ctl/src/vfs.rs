@@ -99,12 +99,27 @@ pub struct OpenFlags {
 }
 
 impl OpenFlags {
-    pub const READ: OpenFlags =
-        OpenFlags { read: true, write: false, truncate: false, append: false, nonblock: false };
-    pub const TRUNCATE: OpenFlags =
-        OpenFlags { read: false, write: true, truncate: true, append: false, nonblock: false };
-    pub const APPEND: OpenFlags =
-        OpenFlags { read: false, write: true, truncate: false, append: true, nonblock: false };
+    pub const READ: OpenFlags = OpenFlags {
+        read: true,
+        write: false,
+        truncate: false,
+        append: false,
+        nonblock: false,
+    };
+    pub const TRUNCATE: OpenFlags = OpenFlags {
+        read: false,
+        write: true,
+        truncate: true,
+        append: false,
+        nonblock: false,
+    };
+    pub const APPEND: OpenFlags = OpenFlags {
+        read: false,
+        write: true,
+        truncate: false,
+        append: true,
+        nonblock: false,
+    };
 }
 
 /// A tracefs: the whole tree one process serves.

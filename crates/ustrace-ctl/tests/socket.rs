@@ -159,6 +159,26 @@ fn socket_is_removed_at_normal_exit() {
 }
 
 #[test]
+fn socket_is_removed_when_a_signal_kills_the_process() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let dir = TempDir::new("signal");
+        let sock_dir = dir.path().join("u");
+        let mut child = spawn_child("child_main", &format!("serve:{}", sock_dir.display()));
+        let sock = sock_dir.join(format!("{}.sock", child.id()));
+        assert!(sock.exists());
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let status = child.wait().unwrap();
+        // It still dies of the signal, as it would have without a server.
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(sig)
+        );
+        assert!(!sock.exists(), "socket left behind after signal {sig}");
+    }
+}
+
+#[test]
 fn stream_reads_wait_time_out_and_deliver() {
     let s = serve_sample();
     let mut c = Client::connect_path(s.handle.socket_path()).unwrap();
