@@ -49,6 +49,23 @@ fn serve() -> Served {
     }
 }
 
+/// Not a test of its own: a serving child process for the tests that kill the traced side.
+#[test]
+fn child_serve() {
+    let Ok(dir) = std::env::var("USTRACE_CLI_TEST_CHILD_SERVE") else {
+        return;
+    };
+    let config = ServerConfig {
+        socket_dir: Some(dir.into()),
+        ..Default::default()
+    };
+    let _h = server::serve_with(Arc::new(MemFs::sample()), config).unwrap();
+    println!("ready");
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 fn ustrace(s: &Served) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ustrace"));
     c.env("USTRACE_SOCKET_DIR", &s.sock_dir);
@@ -277,4 +294,58 @@ fn mount_serves_the_shell_until_interrupted_and_recovers_from_kill() {
     sigint(&child);
     assert!(wait_exit(&mut child, Duration::from_secs(5)).success());
     assert!(!mounted(&dir));
+}
+
+#[test]
+fn mount_goes_away_when_the_traced_process_dies() {
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let s = serve();
+    let child_dir = s.root.join("child-sock");
+    let mut traced = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_serve", "--nocapture", "--test-threads=1"])
+        .env("USTRACE_CLI_TEST_CHILD_SERVE", &child_dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(traced.stdout.take().unwrap()).lines();
+    while !lines.next().unwrap().unwrap().trim_end().ends_with("ready") {}
+
+    let dir = s.root.join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let mut mount = Command::new(env!("CARGO_BIN_EXE_ustrace"))
+        .env("USTRACE_SOCKET_DIR", &child_dir)
+        .args([
+            "mount",
+            "-p",
+            &traced.id().to_string(),
+            dir.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(mounted(&dir) && std::fs::metadata(&dir).is_ok()) {
+        assert!(
+            mount.try_wait().unwrap().is_none(),
+            "ustrace mount exited early"
+        );
+        assert!(Instant::now() < deadline, "mount did not appear");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = sh(&format!("cat {}/tracing_on", dir.display()));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "1\n");
+
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(traced.id() as i32, libc::SIGKILL) };
+    let _ = traced.wait();
+    let status = wait_exit(&mut mount, Duration::from_secs(5));
+    assert!(status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut mount.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("went away"), "{err}");
+    assert!(!mounted(&dir), "mount left behind by a dead process");
 }
