@@ -76,7 +76,7 @@ fn the_server_survives_a_crowd() {
             while !stop.load(Ordering::Relaxed) {
                 let dir = format!("instances/w{i}");
                 c.mkdir(&dir).unwrap();
-                let v = if n % 2 == 0 { "0" } else { "1" };
+                let v = if n.is_multiple_of(2) { "0" } else { "1" };
                 c.write_file(&format!("{dir}/tracing_on"), v.as_bytes(), false)
                     .unwrap();
                 assert_eq!(
