@@ -33,8 +33,20 @@ fn signal_set() -> libc::sigset_t {
     }
 }
 
+fn in_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
 pub fn run(args: MountArgs) -> Result<(), String> {
     let socket = discover::find_socket(args.target.pid).map_err(|e| e.to_string())?;
+    if discover::euid() != 0 && !in_path("fusermount3") && !in_path("fusermount") {
+        return Err(
+            "mounting as a user needs fusermount3 (Debian package fuse3); \
+                    as root no helper is needed"
+                .into(),
+        );
+    }
     let set = signal_set();
     // SAFETY: blocks signals in this thread only; threads spawned after inherit the mask.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
