@@ -112,6 +112,15 @@ impl Client {
         })
     }
 
+    /// A client over an already-connected stream (a socket pair, an inherited fd).
+    pub fn from_stream(stream: UnixStream) -> Client {
+        Client {
+            stream,
+            socket: PathBuf::new(),
+            timeout: Some(DEFAULT_TIMEOUT),
+        }
+    }
+
     /// The socket this client is connected to.
     pub fn socket_path(&self) -> &Path {
         &self.socket

@@ -491,22 +491,39 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
     let spawned = std::thread::Builder::new()
         .name("ustrace-ctl-conn".into())
         .spawn(move || {
-            Connection {
-                shared: &worker,
-                stream,
-                handles: HashMap::new(),
-                next_handle: 1,
-                scratch: Vec::new(),
+            // Releases the slot even if the file system panics under this connection.
+            struct Slot<'a>(&'a Shared, u64);
+            impl Drop for Slot<'_> {
+                fn drop(&mut self) {
+                    lock(&self.0.conns).remove(&self.1);
+                    self.0.active.fetch_sub(1, Ordering::SeqCst);
+                }
             }
-            .run();
-            lock(&worker.conns).remove(&id);
-            worker.active.fetch_sub(1, Ordering::SeqCst);
+            let _slot = Slot(&worker, id);
+            Connection::new(&worker, stream).run();
         });
     if let Err(e) = spawned {
         lock(&shared.conns).remove(&id);
         shared.active.fetch_sub(1, Ordering::SeqCst);
         (shared.log)(&format!("cannot start a control connection thread: {e}"));
     }
+}
+
+/// Serves one already-connected stream on the calling thread until the peer hangs up: the
+/// per-connection loop of [`serve`] without the socket file or the credential check (the
+/// caller vouches for the peer). For tests, fuzzing and socket activation.
+pub fn serve_connection(fs: Arc<dyn FileSystem>, stream: UnixStream) {
+    let shared = Shared {
+        fs,
+        log: ServerConfig::default().log,
+        stopping: AtomicBool::new(false),
+        owner_uid: discover::euid(),
+        max_connections: 1,
+        active: AtomicUsize::new(1),
+        next_conn: AtomicU64::new(0),
+        conns: Mutex::new(HashMap::new()),
+    };
+    Connection::new(&shared, stream).run();
 }
 
 /// `"/a//./b/"` -> `"a/b"`; `..` is an error, so no request can name a path outside the tree
@@ -556,7 +573,17 @@ fn fail(errno: Errno, message: String) -> Next {
     })
 }
 
-impl Connection<'_> {
+impl<'a> Connection<'a> {
+    fn new(shared: &'a Shared, stream: UnixStream) -> Connection<'a> {
+        Connection {
+            shared,
+            stream,
+            handles: HashMap::new(),
+            next_handle: 1,
+            scratch: Vec::new(),
+        }
+    }
+
     fn run(mut self) {
         loop {
             if self.shared.stopping.load(Ordering::SeqCst) {

@@ -495,3 +495,18 @@ fn many_clients_at_once() {
         t.join().unwrap();
     }
 }
+
+#[test]
+fn serve_connection_serves_a_socket_pair() {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let fs = Arc::new(MemFs::sample());
+    let server = {
+        let fs = fs.clone();
+        std::thread::spawn(move || server::serve_connection(fs, theirs))
+    };
+    let mut c = Client::from_stream(ours);
+    c.write_file("tracing_on", b"0", false).unwrap();
+    assert_eq!(fs.content("tracing_on").unwrap(), b"0");
+    drop(c);
+    server.join().unwrap();
+}
