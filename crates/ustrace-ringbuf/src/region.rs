@@ -212,15 +212,17 @@ unsafe fn cas128(ptr: *mut u64, old: [u64; 2], new: [u64; 2]) -> Result<(), [u64
     let (mut lo, mut hi) = (old[0], old[1]);
     let ok: u8;
     // SAFETY: the caller guarantees ptr; cmpxchg16b presence is checked when a
-    // buffer is created. rbx is reserved by LLVM, so the new low word is
-    // swapped into it around the instruction and restored after.
+    // buffer is created. rbx cannot be named as an operand, so the new low word
+    // is swapped into it around the instruction and restored after. The pointer
+    // sits in an explicitly named register: given `in(reg)`, optimized builds
+    // were seen to hand it rbx itself, which the swap then overwrote.
     unsafe {
         core::arch::asm!(
             "xchg {rbx_tmp}, rbx",
-            "lock cmpxchg16b xmmword ptr [{p}]",
+            "lock cmpxchg16b xmmword ptr [rsi]",
             "sete {ok}",
             "mov rbx, {rbx_tmp}",
-            p = in(reg) ptr,
+            in("rsi") ptr,
             rbx_tmp = inout(reg) new[0] => _,
             ok = out(reg_byte) ok,
             inout("rax") lo,
