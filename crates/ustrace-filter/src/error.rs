@@ -73,10 +73,17 @@ pub struct FilterError {
     pub(crate) kind: Option<ErrorKind>,
     pub(crate) pos: usize,
     pub(crate) errno: i32,
+    pub(crate) too_long: bool,
 }
 
-/// The kernel's limit on one write to `filter`/`trigger` (`PAGE_SIZE`).
+/// The kernel's limit on one write to `filter`/`trigger` (`PAGE_SIZE`):
+/// writes of this many bytes or more are refused with `EINVAL`.
 pub const MAX_WRITE: usize = 4096;
+
+/// Most bytes the kernel's text buffer (`trace_seq`) holds when it formats
+/// a filter error or the `filter` file (two pages minus its bookkeeping,
+/// minus the NUL); measured on a live kernel.
+pub const SEQ_LIMIT: usize = 8155;
 
 impl FilterError {
     pub(crate) fn new(kind: ErrorKind, pos: usize, errno: i32) -> Self {
@@ -84,6 +91,7 @@ impl FilterError {
             kind: Some(kind),
             pos,
             errno,
+            too_long: false,
         }
     }
 
@@ -92,6 +100,16 @@ impl FilterError {
             kind: None,
             pos: 0,
             errno,
+            too_long: false,
+        }
+    }
+
+    pub(crate) fn write_too_long() -> Self {
+        FilterError {
+            kind: None,
+            pos: 0,
+            errno: 22,
+            too_long: true,
         }
     }
 
@@ -116,23 +134,58 @@ impl FilterError {
         self.errno
     }
 
+    /// Whether the write was refused before parsing (4096 bytes or more):
+    /// the kernel then leaves the `filter` file, the current filter and the
+    /// `error_log` untouched, and [`FilterError::filter_file_text`] and
+    /// [`FilterError::error_log_entry`] return empty strings.
+    pub fn is_write_too_long(&self) -> bool {
+        self.too_long
+    }
+
     /// Exactly what reading `filter` shows after this error, for the written
     /// text `expr` (trailing whitespace is stripped as the kernel does).
+    ///
+    /// The kernel builds the text in a bounded buffer ([`SEQ_LIMIT`] bytes):
+    /// the caret line and the message line are each added only if they fit
+    /// (and nothing after the first that does not), and a read whose text
+    /// plus newline does not fit shows nothing at all. Only expressions of
+    /// about 4000 bytes get there; this reproduces it.
     pub fn filter_file_text(&self, expr: &str) -> String {
-        let shown = shown_expr(expr);
-        match self.kind {
+        if self.too_long {
+            return String::new();
+        }
+        let shown = shown_bytes(expr);
+        let mut stored = shown.to_vec();
+        let pieces: Vec<Vec<u8>> = match self.kind {
             Some(kind) => {
                 let col = self.pos.min(shown.len());
-                format!("{shown}\n{:col$}^\nparse_error: {}\n\n", "", kind.message())
+                vec![
+                    format!("\n{:col$}^", "").into_bytes(),
+                    format!("\nparse_error: {}\n", kind.message()).into_bytes(),
+                ]
             }
-            None => format!("{shown}\nError: (0)\n\n"),
+            None => vec![b"\nError: (0)\n".to_vec()],
+        };
+        for piece in pieces {
+            if stored.len() + piece.len() > SEQ_LIMIT {
+                break;
+            }
+            stored.extend_from_slice(&piece);
         }
+        if stored.len() + 1 > SEQ_LIMIT {
+            return String::new();
+        }
+        stored.push(b'\n');
+        String::from_utf8_lossy(&stored).into_owned()
     }
 
     /// The `error_log` entry after its `[timestamp] ` prefix: the first line
     /// (`event filter parse error: error: MSG`) and the remaining lines
     /// (`  Command: EXPR` and the caret line), without trailing newlines.
     pub fn error_log_entry(&self, expr: &str) -> (String, String) {
+        if self.too_long {
+            return (String::new(), String::new());
+        }
         let shown = shown_expr(expr);
         let col = 11 + self.pos;
         (
@@ -145,8 +198,11 @@ impl FilterError {
 /// The expression as the kernel keeps it: up to the first NUL, trailing
 /// whitespace removed, leading whitespace kept.
 pub(crate) fn shown_expr(expr: &str) -> String {
-    let bytes = crate::ctype::strip_trailing(crate::ctype::c_str(expr.as_bytes()));
-    String::from_utf8_lossy(bytes).into_owned()
+    String::from_utf8_lossy(shown_bytes(expr)).into_owned()
+}
+
+fn shown_bytes(expr: &str) -> &[u8] {
+    crate::ctype::strip_trailing(crate::ctype::c_str(expr.as_bytes()))
 }
 
 impl fmt::Display for FilterError {
@@ -159,6 +215,7 @@ impl fmt::Display for FilterError {
                 kind.message().to_lowercase(),
                 self.errno
             ),
+            None if self.too_long => write!(f, "filter write of {MAX_WRITE} bytes or more refused"),
             None => write!(f, "filter rejected (errno {})", self.errno),
         }
     }

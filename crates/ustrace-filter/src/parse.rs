@@ -106,7 +106,7 @@ pub fn compile(
     env: &CompileEnv<'_>,
 ) -> Result<Program, FilterError> {
     if expr.len() >= MAX_WRITE {
-        return Err(FilterError::bare(EINVAL));
+        return Err(FilterError::write_too_long());
     }
     let text = crate::ctype::strip_trailing(crate::ctype::c_str(expr.as_bytes()));
     let (nr_parens, nr_preds) = count_terms(text)?;
