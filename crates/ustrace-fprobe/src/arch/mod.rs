@@ -9,9 +9,13 @@
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 #[cfg(target_arch = "x86_64")]
+pub use x86_64::PtRegs;
+#[cfg(target_arch = "x86_64")]
 pub(crate) use x86_64::*;
 
 #[cfg(not(target_arch = "x86_64"))]
 mod unsupported;
+#[cfg(not(target_arch = "x86_64"))]
+pub use unsupported::PtRegs;
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) use unsupported::*;

@@ -78,3 +78,79 @@ pub(crate) fn patch_jump_labels(
     }
     text_poke::poke_batch(&pokes, guard)
 }
+
+mod insn;
+mod regs;
+mod trampoline;
+
+pub use regs::PtRegs;
+pub(crate) use trampoline::{return_trampoline, SiteCode};
+
+/// Analyses and prepares (but does not patch) the function at `func` for the dispatcher site at
+/// address `site`.
+pub(crate) fn build_site(
+    func: usize,
+    size: Option<usize>,
+    site: usize,
+) -> Result<SiteCode, String> {
+    trampoline::build_site(func, size, site)
+}
+
+/// Points every given site's first bytes at its entry stub.
+pub(crate) fn patch_sites(
+    sites: &[&SiteCode],
+    guard: &MutexGuard<'static, ()>,
+) -> Result<(), Error> {
+    let pokes: Result<Vec<_>, Error> = sites
+        .iter()
+        .map(|s| {
+            Ok(text_poke::Poke {
+                addr: s.patch_at,
+                new: jmp_rel32(s.patch_at, s.entry_stub)?.to_vec(),
+                trap_resume: s.orig_stub,
+                final_resume: s.entry_stub,
+                interior: s.interior.clone(),
+            })
+        })
+        .collect();
+    text_poke::poke_batch(&pokes?, guard)
+}
+
+/// Restores the original first bytes of every given site.
+pub(crate) fn unpatch_sites(
+    sites: &[&SiteCode],
+    guard: &MutexGuard<'static, ()>,
+) -> Result<(), Error> {
+    let pokes: Vec<_> = sites
+        .iter()
+        .map(|s| text_poke::Poke {
+            addr: s.patch_at,
+            new: s.original[..insn::PATCH_LEN].to_vec(),
+            trap_resume: s.orig_stub,
+            final_resume: s.orig_stub,
+            interior: Vec::new(),
+        })
+        .collect();
+    text_poke::poke_batch(&pokes, guard)
+}
+
+/// Bytes of trampoline memory in use (stats).
+pub(crate) fn code_bytes() -> usize {
+    trampoline::CODE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether this thread runs with a hardware shadow stack (CET), which forbids rewriting return
+/// addresses.
+pub(crate) fn hardware_shadow_stack() -> bool {
+    std::fs::read_to_string("/proc/thread-self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("x86_Thread_features:") && l.contains("shstk"))
+        })
+        .unwrap_or(false)
+}
+
+/// Runs the patchability analysis without building anything.
+pub(crate) fn analyze_only(func: usize, size: Option<usize>) -> Result<(), String> {
+    insn::analyze(func, size).map(|_| ())
+}

@@ -155,7 +155,6 @@ pub(crate) fn read_text(addr: usize, out: &mut [u8]) -> Result<(), Error> {
         .map_err(|e| Error::Patch(format!("reading {} bytes at {addr:#x}: {e}", out.len())))
 }
 
-#[allow(dead_code)] // used by the fprobe core
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 8;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 16;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 32;
@@ -208,7 +207,6 @@ fn sync_core() {
 
 /// Full memory barrier on every running thread of the process (the writer side of the
 /// asymmetric-fence quiescence scheme in `dispatch`).
-#[allow(dead_code)] // used by the fprobe core
 pub(crate) fn membarrier_all() {
     let r = membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
     assert_eq!(
@@ -316,7 +314,6 @@ static PLAN: AtomicPtr<RendezvousPlan> = AtomicPtr::new(std::ptr::null_mut());
 static MOVED_THREADS: AtomicU32 = AtomicU32::new(0);
 
 /// Number of threads the rendezvous found parked inside a prologue and moved (for tests/stats).
-#[allow(dead_code)] // used by the fprobe core
 pub(crate) fn moved_threads() -> u32 {
     MOVED_THREADS.load(Ordering::Relaxed)
 }

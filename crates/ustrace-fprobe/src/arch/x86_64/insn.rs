@@ -1,0 +1,273 @@
+//! Prologue analysis and relocation with iced-x86.
+//!
+//! A probe replaces the first 5 bytes at the patch address with `jmp rel32`. The instructions
+//! that overlap those bytes are copied (re-encoded for their new address) into the site's
+//! "original-code stub", which ends with a jump back to the first untouched instruction:
+//!
+//! ```text
+//!   func:      f3 0f 1e fa        endbr64           <- kept: indirect-branch landing pad
+//!   patch_at:  55                 push rbp          \
+//!              48 89 e5           mov rbp, rsp       } relocated (5+ bytes)
+//!              48 8b 05 xx..      mov rax,[rip+X]   /   (rip-relative operand re-encoded)
+//!   resume:    ...                                  <- orig stub jumps back here
+//! ```
+//!
+//! A function is refused, never patched wrongly, when: the bytes cannot be decoded; the
+//! relocated range contains control flow (branch, call, ret, syscall, int3, ...); the function
+//! (when its size is known) is shorter than the patch; or any direct branch of the function lands
+//! strictly inside the patched bytes (such a branch would execute half of the `jmp`). Indirect
+//! branches (jump tables) cannot be checked; compilers do not target a prologue with them.
+
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, FlowControl, Instruction,
+    InstructionBlock, Mnemonic,
+};
+
+/// Bytes a probe overwrites.
+pub(crate) const PATCH_LEN: usize = 5;
+/// Upper bound on the relocated copy (several long instructions, each possibly grown).
+pub(crate) const MAX_RELOCATED: usize = 96;
+
+/// The decoded prologue of one function.
+pub(crate) struct Prologue {
+    /// First byte overwritten (after `endbr64` when present).
+    pub patch_at: usize,
+    /// Length of the relocated instructions (>= PATCH_LEN).
+    pub len: usize,
+    /// Original bytes of the relocated range.
+    pub original: Vec<u8>,
+    instructions: Vec<Instruction>,
+}
+
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+fn read(addr: usize, len: usize) -> Result<Vec<u8>, String> {
+    let mut buf = vec![0u8; len];
+    // Shrink the read when the function sits at the very end of its mapping.
+    let mut n = len;
+    while n > 0 {
+        match super::read_text(addr, &mut buf[..n]) {
+            Ok(()) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(_) => n /= 2,
+        }
+    }
+    Err(format!("code at {addr:#x} is not readable"))
+}
+
+/// Decides whether the function at `func` (of `size` bytes when known) can be probed.
+pub(crate) fn analyze(func: usize, size: Option<usize>) -> Result<Prologue, String> {
+    let head = read(func, 64)?;
+    let patch_at = if head.starts_with(&ENDBR64) {
+        func + 4
+    } else {
+        func
+    };
+    let skip = patch_at - func;
+    let end = size.map(|s| func + s);
+    if let Some(end) = end {
+        if patch_at + PATCH_LEN > end {
+            return Err(format!(
+                "too short: {} bytes, the patch needs {PATCH_LEN} after any endbr64",
+                end - func
+            ));
+        }
+    }
+    let mut decoder = Decoder::with_ip(64, &head[skip..], patch_at as u64, DecoderOptions::NONE);
+    let mut instructions = Vec::new();
+    let mut len = 0;
+    while len < PATCH_LEN {
+        if !decoder.can_decode() {
+            return Err("prologue runs past readable code".into());
+        }
+        let ins = decoder.decode();
+        if ins.is_invalid() {
+            return Err(format!("undecodable instruction at +{:#x}", len + skip));
+        }
+        if ins.flow_control() != FlowControl::Next
+            || matches!(
+                ins.mnemonic(),
+                Mnemonic::Syscall | Mnemonic::Sysenter | Mnemonic::Endbr64
+            )
+        {
+            return Err(format!(
+                "control flow in the prologue: `{:?}` at +{:#x}",
+                ins.mnemonic(),
+                ins.ip() as usize - func
+            ));
+        }
+        len += ins.len();
+        instructions.push(ins);
+    }
+    if let Some(end) = end {
+        if patch_at + len > end {
+            return Err(format!(
+                "too short: the {len}-byte prologue runs past the {}-byte function",
+                end - func
+            ));
+        }
+    }
+    check_branch_targets(func, end, patch_at, len)?;
+    Ok(Prologue {
+        patch_at,
+        len,
+        original: head[skip..skip + len].to_vec(),
+        instructions,
+    })
+}
+
+/// Refuses the function when one of its direct branches targets `patch_at+1 .. patch_at+len`.
+fn check_branch_targets(
+    func: usize,
+    end: Option<usize>,
+    patch_at: usize,
+    len: usize,
+) -> Result<(), String> {
+    // Without a known size, scan a window; branches from other functions into this one's
+    // interior would be just as wrong, so over-scanning only adds safety.
+    let scan = end.map(|e| e - func).unwrap_or(4096).min(1 << 20);
+    let code = read(func, scan)?;
+    let mut decoder = Decoder::with_ip(64, &code, func as u64, DecoderOptions::NONE);
+    let interior = (patch_at + 1) as u64..(patch_at + len) as u64;
+    let mut ins = Instruction::default();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut ins);
+        if ins.is_invalid() {
+            if end.is_none() {
+                break; // ran into data or padding past the function
+            }
+            continue;
+        }
+        match ins.flow_control() {
+            FlowControl::ConditionalBranch
+            | FlowControl::UnconditionalBranch
+            | FlowControl::Call => {
+                let t = ins.near_branch_target();
+                if t != 0 && interior.contains(&t) {
+                    return Err(format!(
+                        "branch target inside the patched bytes: `{:?}` at +{:#x} jumps to +{:#x}",
+                        ins.mnemonic(),
+                        ins.ip() as usize - func,
+                        t as usize - func
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The prologue re-encoded to run at `at`, followed by an absolute jump back to the first
+/// untouched instruction. Returns the bytes and, for every instruction boundary strictly inside
+/// the patched bytes, the (original address, relocated address) pair.
+#[allow(clippy::type_complexity)]
+pub(crate) fn relocate(p: &Prologue, at: usize) -> Result<(Vec<u8>, Vec<(usize, usize)>), String> {
+    let block = InstructionBlock::new(&p.instructions, at as u64);
+    let res = BlockEncoder::encode(
+        64,
+        block,
+        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+    )
+    .map_err(|e| format!("cannot relocate the prologue: {e}"))?;
+    let mut code = res.code_buffer;
+    let mut interior = Vec::new();
+    for (ins, off) in p.instructions.iter().zip(&res.new_instruction_offsets) {
+        let old = ins.ip() as usize;
+        if old > p.patch_at && old < p.patch_at + PATCH_LEN {
+            if *off == u32::MAX {
+                return Err(format!(
+                    "instruction at {old:#x} has no relocated counterpart"
+                ));
+            }
+            interior.push((old, at + *off as usize));
+        }
+    }
+    code.extend_from_slice(&abs_jmp(p.patch_at + p.len));
+    if code.len() > MAX_RELOCATED + 14 {
+        return Err(format!(
+            "relocated prologue is {} bytes, more than the stub holds",
+            code.len()
+        ));
+    }
+    Ok((code, interior))
+}
+
+/// `jmp qword ptr [rip+0]` followed by the 8-byte destination: reaches anywhere, clobbers nothing.
+pub(crate) fn abs_jmp(to: usize) -> [u8; 14] {
+    let mut b = [0u8; 14];
+    b[..6].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    b[6..].copy_from_slice(&(to as u64).to_le_bytes());
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn analyze_bytes(code: &'static [u8]) -> Result<Prologue, String> {
+        analyze(code.as_ptr() as usize, Some(code.len()))
+    }
+
+    #[test]
+    fn push_mov_prologue_is_accepted_with_interior_boundaries() {
+        static CODE: [u8; 8] = [0x55, 0x48, 0x89, 0xe5, 0x5d, 0xc3, 0xcc, 0xcc];
+        let p = analyze_bytes(&CODE).unwrap();
+        assert_eq!(p.len, 5);
+        let (code, interior) = relocate(&p, 0x1000_0000).unwrap();
+        assert_eq!(&code[..5], &CODE[..5]);
+        let base = CODE.as_ptr() as usize;
+        assert_eq!(
+            interior,
+            vec![(base + 1, 0x1000_0001), (base + 4, 0x1000_0004)]
+        );
+    }
+
+    #[test]
+    fn endbr64_is_skipped() {
+        static CODE: [u8; 12] = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x83, 0xec, 0x18, 0x90, 0x90, 0xc3, 0xcc,
+        ];
+        let p = analyze_bytes(&CODE).unwrap();
+        assert_eq!(p.patch_at, CODE.as_ptr() as usize + 4);
+        assert_eq!(p.len, 5);
+    }
+
+    #[test]
+    fn short_function_is_refused() {
+        static CODE: [u8; 3] = [0x31, 0xc0, 0xc3];
+        let e = analyze_bytes(&CODE).err().unwrap();
+        assert!(e.contains("too short"), "{e}");
+    }
+
+    #[test]
+    fn control_flow_in_prologue_is_refused() {
+        static CODE: [u8; 8] = [0x85, 0xff, 0x74, 0x02, 0x90, 0x90, 0xc3, 0xcc];
+        let e = analyze_bytes(&CODE).err().unwrap();
+        assert!(e.contains("control flow"), "{e}");
+    }
+
+    #[test]
+    fn branch_into_patched_bytes_is_refused() {
+        // 0: push rbp; 1: xor eax,eax; 3: inc eax; 5: cmp eax,9; 8: jl 3; a: pop rbp; b: ret
+        static CODE: [u8; 12] = [
+            0x55, 0x31, 0xc0, 0xff, 0xc0, 0x83, 0xf8, 0x09, 0x7c, 0xf9, 0x5d, 0xc3,
+        ];
+        let e = analyze_bytes(&CODE).err().unwrap();
+        assert!(e.contains("branch target inside"), "{e}");
+    }
+
+    #[test]
+    fn rip_relative_operand_is_rewritten() {
+        // mov rax, [rip+0x10]; ret
+        static CODE: [u8; 8] = [0x48, 0x8b, 0x05, 0x10, 0x00, 0x00, 0x00, 0xc3];
+        let p = analyze_bytes(&CODE).unwrap();
+        let at = CODE.as_ptr() as usize + 0x1000;
+        let (code, _) = relocate(&p, at).unwrap();
+        let target = CODE.as_ptr() as usize + 7 + 0x10;
+        let disp = i32::from_le_bytes(code[3..7].try_into().unwrap()) as i64;
+        assert_eq!((at as i64 + 7 + disp) as usize, target);
+    }
+}

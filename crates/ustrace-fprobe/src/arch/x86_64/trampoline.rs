@@ -1,0 +1,339 @@
+//! Trampolines: how a patched function reaches the dispatcher and how its return comes back.
+//!
+//! ```text
+//!  caller                  probed function             site stubs (near func)       shared code (this crate)
+//!  ------                  ---------------             ----------------------       ------------------------
+//!  call func ───────────►  func: [endbr64]
+//!                          patch_at: jmp entry_stub ──► entry_stub:
+//!                                                        mov r11, &Site
+//!                                                        jmp [abs] ─────────────────► entry_trampoline:
+//!                                                                                      sub rsp, 296; save PtRegs+xmm0-7
+//!                                                                                      call dispatch_entry(r11, regs)
+//!                                                                                        - entry handlers
+//!                                                                                        - maybe: shadow push {ret, sp},
+//!                                                                                          [sp] = return_trampoline
+//!                                                                                      restore; jmp [r11->orig_stub]
+//!                                                       orig_stub:  ◄──────────────────┘
+//!                                                        relocated prologue
+//!                          resume: ... body ... ◄────── jmp [abs resume]
+//!                          ret ─────────────────────────────────────────────────────► return_trampoline:
+//!                                                                                      sub rsp, 8 (slot for the real ret)
+//!                                                                                      save PtRegs; call dispatch_exit(regs)
+//!                                                                                        - shadow pop, [slot] = real ret
+//!                                                                                        - exit handlers
+//!  caller resumes ◄──────────────────────────────────────────────────────────────────── restore; ret
+//! ```
+//!
+//! `r11` carries the site because it is a scratch register that no x86_64 SysV function expects
+//! to hold a value at entry. The trampolines keep the stack 16-byte aligned for the Rust
+//! dispatcher and save `xmm0`-`xmm7` (float arguments / return values). Both carry CFI, so a
+//! backtrace taken in a handler walks through them to the real caller. Flags are not preserved
+//! across the entry trampoline (they carry no value at a function boundary).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use super::regs::{PtRegs, PT_REGS_SIZE};
+
+macro_rules! save_regs {
+    () => {
+        concat!(
+            "mov [rsp + 0*8], r15\n",
+            "mov [rsp + 1*8], r14\n",
+            "mov [rsp + 2*8], r13\n",
+            "mov [rsp + 3*8], r12\n",
+            "mov [rsp + 4*8], rbp\n",
+            "mov [rsp + 5*8], rbx\n",
+            "mov [rsp + 6*8], r11\n",
+            "mov [rsp + 7*8], r10\n",
+            "mov [rsp + 8*8], r9\n",
+            "mov [rsp + 9*8], r8\n",
+            "mov [rsp + 10*8], rax\n",
+            "mov [rsp + 11*8], rcx\n",
+            "mov [rsp + 12*8], rdx\n",
+            "mov [rsp + 13*8], rsi\n",
+            "mov [rsp + 14*8], rdi\n",
+            "mov qword ptr [rsp + 15*8], -1\n",
+            "pushfq\n",
+            "pop rax\n",
+            "mov [rsp + 18*8], rax\n",
+            "lea rax, [rsp + 296]\n",
+            "mov [rsp + 19*8], rax\n",
+            "movups [rsp + 168 + 0*16], xmm0\n",
+            "movups [rsp + 168 + 1*16], xmm1\n",
+            "movups [rsp + 168 + 2*16], xmm2\n",
+            "movups [rsp + 168 + 3*16], xmm3\n",
+            "movups [rsp + 168 + 4*16], xmm4\n",
+            "movups [rsp + 168 + 5*16], xmm5\n",
+            "movups [rsp + 168 + 6*16], xmm6\n",
+            "movups [rsp + 168 + 7*16], xmm7\n",
+        )
+    };
+}
+
+macro_rules! restore_regs {
+    () => {
+        concat!(
+            "movups xmm0, [rsp + 168 + 0*16]\n",
+            "movups xmm1, [rsp + 168 + 1*16]\n",
+            "movups xmm2, [rsp + 168 + 2*16]\n",
+            "movups xmm3, [rsp + 168 + 3*16]\n",
+            "movups xmm4, [rsp + 168 + 4*16]\n",
+            "movups xmm5, [rsp + 168 + 5*16]\n",
+            "movups xmm6, [rsp + 168 + 6*16]\n",
+            "movups xmm7, [rsp + 168 + 7*16]\n",
+            "mov r15, [rsp + 0*8]\n",
+            "mov r14, [rsp + 1*8]\n",
+            "mov r13, [rsp + 2*8]\n",
+            "mov r12, [rsp + 3*8]\n",
+            "mov rbp, [rsp + 4*8]\n",
+            "mov rbx, [rsp + 5*8]\n",
+            "mov r11, [rsp + 6*8]\n",
+            "mov r10, [rsp + 7*8]\n",
+            "mov r9, [rsp + 8*8]\n",
+            "mov r8, [rsp + 9*8]\n",
+            "mov rax, [rsp + 10*8]\n",
+            "mov rcx, [rsp + 11*8]\n",
+            "mov rdx, [rsp + 12*8]\n",
+            "mov rsi, [rsp + 13*8]\n",
+            "mov rdi, [rsp + 14*8]\n",
+        )
+    };
+}
+
+const _: () = assert!(PT_REGS_SIZE == 296);
+
+std::arch::global_asm!(
+    ".pushsection .text.ustrace_fprobe_trampolines,\"ax\",@progbits",
+    ".balign 16",
+    ".globl ustrace_fprobe_entry_trampoline",
+    ".hidden ustrace_fprobe_entry_trampoline",
+    ".type ustrace_fprobe_entry_trampoline,@function",
+    "ustrace_fprobe_entry_trampoline:",
+    ".cfi_startproc",
+    "sub rsp, 296",
+    ".cfi_adjust_cfa_offset 296",
+    save_regs!(),
+    "mov rdi, r11",
+    "mov rsi, rsp",
+    "call {entry}",
+    restore_regs!(),
+    "add rsp, 296",
+    ".cfi_adjust_cfa_offset -296",
+    "jmp qword ptr [r11]",
+    ".cfi_endproc",
+    ".size ustrace_fprobe_entry_trampoline, . - ustrace_fprobe_entry_trampoline",
+    // Padding without unwind info: an unwinder that looks up (return_trampoline - 1) finds no
+    // FDE and stops instead of applying someone else's rules.
+    ".balign 16",
+    ".fill 16, 1, 0xcc",
+    ".globl ustrace_fprobe_return_trampoline",
+    ".hidden ustrace_fprobe_return_trampoline",
+    ".type ustrace_fprobe_return_trampoline,@function",
+    "ustrace_fprobe_return_trampoline:",
+    ".cfi_startproc",
+    ".cfi_def_cfa rsp, 0",
+    ".cfi_undefined rip",
+    "sub rsp, 8",
+    ".cfi_def_cfa_offset 8",
+    ".cfi_offset rip, -8",
+    "sub rsp, 296",
+    ".cfi_adjust_cfa_offset 296",
+    save_regs!(),
+    "mov rdi, rsp",
+    "call {exit}",
+    restore_regs!(),
+    "add rsp, 296",
+    ".cfi_adjust_cfa_offset -296",
+    "ret",
+    ".cfi_endproc",
+    ".size ustrace_fprobe_return_trampoline, . - ustrace_fprobe_return_trampoline",
+    ".popsection",
+    entry = sym dispatch_entry_shim,
+    exit = sym dispatch_exit_shim,
+);
+
+extern "C" {
+    fn ustrace_fprobe_entry_trampoline();
+    fn ustrace_fprobe_return_trampoline();
+}
+
+/// Called by the entry trampoline with the site pointer and the saved registers.
+extern "C" fn dispatch_entry_shim(site: *const crate::dispatch::Site, regs: *mut PtRegs) {
+    // SAFETY: the trampoline passes the live Site of the stub it came from (sites are never
+    // freed) and a PtRegs frame on its own stack, exclusively ours for this call.
+    unsafe { crate::dispatch::on_entry(&*site, &mut *regs) }
+}
+
+/// Called by the return trampoline; rewrites the return slot and `regs.ip` to the real caller.
+extern "C" fn dispatch_exit_shim(regs: *mut PtRegs) {
+    // SAFETY: PtRegs frame on the trampoline's stack.
+    unsafe { crate::dispatch::on_exit(&mut *regs) }
+}
+
+/// Address the dispatcher writes over a hooked return address.
+pub(crate) fn return_trampoline() -> usize {
+    ustrace_fprobe_return_trampoline as *const () as usize
+}
+
+fn entry_trampoline() -> usize {
+    ustrace_fprobe_entry_trampoline as *const () as usize
+}
+
+// ---------------------------------------------------------------------------------------------
+// Executable memory within rel32 reach of the patched functions.
+
+const CHUNK: usize = 1 << 20;
+const REACH: usize = (1 << 31) - 2 * CHUNK;
+
+struct Chunk {
+    base: usize,
+    used: usize,
+}
+
+static CHUNKS: Mutex<Vec<Chunk>> = Mutex::new(Vec::new());
+pub(crate) static CODE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+fn within_reach(base: usize, target: usize) -> bool {
+    base.abs_diff(target) < REACH && (base + CHUNK).abs_diff(target) < REACH
+}
+
+const USER_TOP: usize = 0x7fff_ffff_f000;
+
+/// Free gaps between current mappings, from /proc/self/maps.
+fn gaps() -> Vec<(usize, usize)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut prev_end = 0x10000usize;
+    let mut out = Vec::new();
+    for line in maps.lines() {
+        let Some((range, _)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            continue;
+        };
+        if a >= USER_TOP {
+            break; // [vsyscall]
+        }
+        if a > prev_end {
+            out.push((prev_end, a));
+        }
+        prev_end = prev_end.max(b);
+    }
+    if prev_end < USER_TOP {
+        out.push((prev_end, USER_TOP));
+    }
+    out
+}
+
+fn map_chunk_near(target: usize) -> Result<usize, String> {
+    for _attempt in 0..4 {
+        let mut best: Option<usize> = None;
+        for (a, b) in gaps() {
+            if b <= a || b - a < CHUNK + 2 * 4096 {
+                continue;
+            }
+            // Leave a guard page on each side of the neighbours.
+            let lo = a + 4096;
+            let hi = b - 4096 - CHUNK;
+            let cand = target.clamp(lo, hi) & !0xfff;
+            let cand = cand.max(lo);
+            if cand <= hi && within_reach(cand, target) {
+                best = match best {
+                    Some(x) if x.abs_diff(target) <= cand.abs_diff(target) => Some(x),
+                    _ => Some(cand),
+                };
+            }
+        }
+        let Some(addr) = best else {
+            return Err(format!("no free address range within 2 GiB of {target:#x}"));
+        };
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; we own the result.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                CHUNK,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p != libc::MAP_FAILED && p as usize == addr {
+            return Ok(addr);
+        }
+        if p != libc::MAP_FAILED {
+            // SAFETY: an old kernel treated the flag as a hint and mapped elsewhere: undo it.
+            unsafe { libc::munmap(p, CHUNK) };
+        }
+    }
+    Err(format!("could not map trampoline memory near {target:#x}"))
+}
+
+/// Reserves `len` bytes of RWX memory within rel32 reach of `target`. Never freed: a thread may
+/// still execute a stub long after its probe was removed.
+pub(crate) fn alloc_code_near(target: usize, len: usize) -> Result<usize, String> {
+    let len = (len + 15) & !15;
+    let mut chunks = CHUNKS.lock().unwrap_or_else(|e| e.into_inner());
+    for c in chunks.iter_mut() {
+        if c.used + len <= CHUNK && within_reach(c.base, target) {
+            let at = c.base + c.used;
+            c.used += len;
+            CODE_BYTES.fetch_add(len, Ordering::Relaxed);
+            return Ok(at);
+        }
+    }
+    let base = map_chunk_near(target)?;
+    chunks.push(Chunk { base, used: len });
+    CODE_BYTES.fetch_add(len, Ordering::Relaxed);
+    Ok(base)
+}
+
+/// Code generated for one site.
+pub(crate) struct SiteCode {
+    pub entry_stub: usize,
+    pub orig_stub: usize,
+    pub patch_at: usize,
+    pub original: Vec<u8>,
+    pub interior: Vec<(usize, usize)>,
+}
+
+const ENTRY_STUB_LEN: usize = 32;
+
+/// Analyses `func`, and on success writes its entry stub (bound to `site`) and relocated
+/// prologue into fresh stub memory. Nothing is patched yet.
+pub(crate) fn build_site(
+    func: usize,
+    size: Option<usize>,
+    site: usize,
+) -> Result<SiteCode, String> {
+    let prologue = super::insn::analyze(func, size)?;
+    let mem = alloc_code_near(
+        prologue.patch_at,
+        ENTRY_STUB_LEN + super::insn::MAX_RELOCATED + 32,
+    )?;
+    let entry_stub = mem;
+    let orig_stub = mem + ENTRY_STUB_LEN;
+    let (relocated, interior) = super::insn::relocate(&prologue, orig_stub)?;
+    let mut stub = Vec::with_capacity(ENTRY_STUB_LEN);
+    stub.extend_from_slice(&[0x49, 0xbb]); // mov r11, imm64
+    stub.extend_from_slice(&(site as u64).to_le_bytes());
+    stub.extend_from_slice(&super::insn::abs_jmp(entry_trampoline()));
+    assert!(stub.len() <= ENTRY_STUB_LEN);
+    // SAFETY: both ranges were just carved out of our RWX chunk and nothing executes them until
+    // a later patch publishes them (the patch serialises every core first).
+    unsafe {
+        std::ptr::copy_nonoverlapping(stub.as_ptr(), entry_stub as *mut u8, stub.len());
+        std::ptr::copy_nonoverlapping(relocated.as_ptr(), orig_stub as *mut u8, relocated.len());
+    }
+    Ok(SiteCode {
+        entry_stub,
+        orig_stub,
+        patch_at: prologue.patch_at,
+        original: prologue.original,
+        interior,
+    })
+}

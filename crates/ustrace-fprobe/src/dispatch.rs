@@ -1,0 +1,615 @@
+//! The probe-hit path: per-site probe lists, the per-thread shadow stack, and the quiescence
+//! scheme that lets `unregister` wait for handlers without readers taking any lock.
+//!
+//! # Per-site lists (RCU-like)
+//!
+//! Every patched function has one immortal [`Site`]; its `probes` pointer names an immutable
+//! [`ProbeList`]. Registration builds a new list and swaps the pointer; the old list is freed
+//! only after [`synchronize`] proved that no thread can still be reading it.
+//!
+//! # Quiescence (what "after unregister returns, no handler runs" rests on)
+//!
+//! Each thread owns one slot of `QSLOTS` (claimed on its first probe hit, released by a TLS
+//! destructor) holding a counter that is odd while the thread is inside the dispatcher:
+//!
+//! ```text
+//!   reader (probe hit)                        writer (register/unregister)
+//!   counter += 1 (odd)    plain store         publish new list / bump probe generation
+//!   compiler fence                            membarrier(PRIVATE_EXPEDITED): every running
+//!   load site list, run handlers                thread executes a full fence, so each reader
+//!   compiler fence                              either already shows odd, or will load the
+//!   counter += 1 (even)   release store         new state
+//!                                             for every slot that was odd: wait until it
+//!                                               changes; then free old lists / probes
+//! ```
+//!
+//! The reader side costs two plain stores. Threads beyond `QSLOTS` (or running TLS
+//! destructors) fall back to one shared atomic in-flight counter.
+//!
+//! # Shadow stack (return hooking)
+//!
+//! ```text
+//!   thread stack                         shadow stack (TLS)          entry-data arena (TLS)
+//!   |  caller frame      |               frames[0] {ret, sp=S0}  --> [slot,gen|len|data..]
+//!   |  ret = tramp  <- S0|               frames[1] {ret, sp=S1}  --> [slot,gen|len|data..]
+//!   |  probed fn frame   |
+//!   |  ret = tramp  <- S1|   (S1 < S0: stacks grow down)
+//! ```
+//!
+//! Each hooked call records the real return address and the address `sp` of the slot it
+//! overwrote. Frames whose `sp` lies below the current stack pointer belong to calls that were
+//! left without returning (longjmp, unwinding, a thread-switching trick): they are discarded
+//! lazily at the next event, which keeps the stack consistent without hooking `longjmp`.
+//! The stack holds [`MAX_FRAMES`] frames and [`ARENA_WORDS`] words of entry data per thread,
+//! allocated with the thread's static TLS (no allocation on the hot path); a call that finds it
+//! full runs its entry handlers but not its exit handlers and counts a miss (`nmissed`).
+//!
+//! Recursion: while a thread runs a handler, probe hits on that thread (a handler calling a
+//! probed function, a signal handler doing so) run no handler and count a miss on every fprobe
+//! of that site.
+
+use std::cell::{Cell, UnsafeCell};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{
+    compiler_fence, AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
+
+use crate::arch::{self, PtRegs};
+
+/// What an entry handler asks for the exit of this call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryAction {
+    /// Run this fprobe's exit handler when the call returns.
+    Continue,
+    /// Do not run this fprobe's exit handler for this call (the kernel's non-zero return).
+    SkipExit,
+}
+
+/// Entry handler: `(fprobe, entry_ip, ret_ip, regs, entry_data) -> action`.
+pub type EntryHandler =
+    dyn Fn(&Probe, usize, usize, &PtRegs, &mut [u8]) -> EntryAction + Send + Sync;
+/// Exit handler: `(fprobe, entry_ip, ret_ip, regs, entry_data)`.
+pub type ExitHandler = dyn Fn(&Probe, usize, usize, &PtRegs, &mut [u8]) + Send + Sync;
+
+/// The part of an fprobe the handlers see (and [`crate::Fprobe`] derefs to).
+pub struct Probe {
+    pub(crate) entry: Option<Box<EntryHandler>>,
+    pub(crate) exit: Option<Box<ExitHandler>>,
+    pub(crate) entry_data_size: usize,
+    pub(crate) nr_maxactive: u32,
+    pub(crate) active: AtomicU32,
+    pub(crate) nmissed: AtomicU64,
+    pub(crate) disabled: AtomicBool,
+    pub(crate) slot: AtomicU32,
+    pub(crate) gen: AtomicU32,
+    pub(crate) id: u64,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe")
+            .field("id", &self.id)
+            .field("nmissed", &self.nmissed())
+            .field("disabled", &self.is_disabled())
+            .finish()
+    }
+}
+
+impl Probe {
+    /// Calls whose handlers were skipped (recursion) or whose exit could not be hooked
+    /// (shadow stack full, `nr_maxactive` reached, frame abandoned by an unwind).
+    pub fn nmissed(&self) -> u64 {
+        self.nmissed.load(Ordering::Relaxed)
+    }
+
+    /// Whether [`crate::Fprobe::disable`] is in effect.
+    pub fn is_disabled(&self) -> bool {
+        self.disabled.load(Ordering::Relaxed)
+    }
+
+    /// Process-unique id of this fprobe.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn miss(&self) {
+        self.nmissed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The immutable list of probes attached to one site.
+pub(crate) struct ProbeList {
+    pub has_exit: bool,
+    pub probes: Box<[*const Probe]>,
+}
+
+/// One patched function. `#[repr(C)]` with `orig_stub` first: the entry trampoline jumps
+/// through `[r11]`.
+#[repr(C)]
+pub(crate) struct Site {
+    pub orig_stub: AtomicUsize,
+    /// Symbol address, reported as `entry_ip`.
+    pub func: usize,
+    pub probes: AtomicPtr<ProbeList>,
+    /// Set on the unwinder's own functions: their returns must stay visible to it.
+    pub no_return_hook: AtomicBool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Probe slots: immortal (generation, pointer) pairs that shadow frames refer to.
+
+pub(crate) const PROBE_SLOTS: usize = 4096;
+
+pub(crate) struct ProbeSlot {
+    pub gen: AtomicU32,
+    pub probe: AtomicPtr<Probe>,
+}
+
+pub(crate) static PSLOTS: [ProbeSlot; PROBE_SLOTS] = [const {
+    ProbeSlot {
+        gen: AtomicU32::new(0),
+        probe: AtomicPtr::new(std::ptr::null_mut()),
+    }
+}; PROBE_SLOTS];
+
+// ---------------------------------------------------------------------------------------------
+// Quiescence slots.
+
+const QSLOT_COUNT: usize = 1024;
+const QSLOT_NONE: u32 = u32::MAX;
+const QSLOT_OVERFLOW: u32 = u32::MAX - 1;
+
+#[repr(align(64))]
+struct QSlot {
+    owner: AtomicI32,
+    counter: AtomicU64,
+}
+
+static QSLOTS: [QSlot; QSLOT_COUNT] = [const {
+    QSlot {
+        owner: AtomicI32::new(0),
+        counter: AtomicU64::new(0),
+    }
+}; QSLOT_COUNT];
+static OVERFLOW_INFLIGHT: AtomicU64 = AtomicU64::new(0);
+
+// ---------------------------------------------------------------------------------------------
+// Per-thread state.
+
+/// Hooked calls one thread can have outstanding.
+pub const MAX_FRAMES: usize = 256;
+/// Words (8 bytes) of entry data plus 2 header words per (call, fprobe) one thread can hold.
+pub const ARENA_WORDS: usize = 4096;
+
+#[derive(Clone, Copy)]
+struct Frame {
+    ret: usize,
+    sp: usize,
+    entry_ip: usize,
+    arena_start: u32,
+    arena_end: u32,
+}
+
+struct ThreadState {
+    busy: bool,
+    qslot: u32,
+    depth: usize,
+    arena_top: usize,
+    frames: [Frame; MAX_FRAMES],
+    arena: [u64; ARENA_WORDS],
+}
+
+const EMPTY_FRAME: Frame = Frame {
+    ret: 0,
+    sp: 0,
+    entry_ip: 0,
+    arena_start: 0,
+    arena_end: 0,
+};
+
+thread_local! {
+    static TS: UnsafeCell<ThreadState> = const {
+        UnsafeCell::new(ThreadState {
+            busy: false,
+            qslot: QSLOT_NONE,
+            depth: 0,
+            arena_top: 0,
+            frames: [EMPTY_FRAME; MAX_FRAMES],
+            arena: [0; ARENA_WORDS],
+        })
+    };
+    static SLOT_GUARD: SlotGuard = const { SlotGuard(Cell::new(QSLOT_NONE)) };
+}
+
+struct SlotGuard(Cell<u32>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let i = self.0.get();
+        if (i as usize) < QSLOT_COUNT {
+            let ts = ts();
+            // SAFETY: this thread's own state, not borrowed anywhere during TLS teardown.
+            unsafe { (*ts).qslot = QSLOT_OVERFLOW };
+            QSLOTS[i as usize].owner.store(0, Ordering::Release);
+        }
+    }
+}
+
+fn ts() -> *mut ThreadState {
+    TS.with(|t| t.get())
+}
+
+fn gettid() -> i32 {
+    // SAFETY: no arguments.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+#[cold]
+#[inline(never)]
+fn claim_slot(ts: *mut ThreadState) {
+    let tid = gettid();
+    for (i, s) in QSLOTS.iter().enumerate() {
+        if s.owner
+            .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            // Registering the release destructor may allocate (once per thread); `busy` is set,
+            // so a probed allocator called here only counts a miss.
+            if SLOT_GUARD.try_with(|g| g.0.set(i as u32)).is_ok() {
+                // SAFETY: own thread state.
+                unsafe { (*ts).qslot = i as u32 };
+                return;
+            }
+            s.owner.store(0, Ordering::Release);
+            break;
+        }
+    }
+    // SAFETY: own thread state.
+    unsafe { (*ts).qslot = QSLOT_OVERFLOW };
+}
+
+#[inline(always)]
+unsafe fn q_enter(ts: *mut ThreadState) {
+    // SAFETY: caller passes this thread's state.
+    let mut q = unsafe { (*ts).qslot };
+    if q == QSLOT_NONE {
+        claim_slot(ts);
+        // SAFETY: as above.
+        q = unsafe { (*ts).qslot };
+    }
+    if (q as usize) < QSLOT_COUNT {
+        let c = &QSLOTS[q as usize].counter;
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
+    } else {
+        OVERFLOW_INFLIGHT.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[inline(always)]
+unsafe fn q_leave(ts: *mut ThreadState) {
+    // SAFETY: caller passes this thread's state.
+    let q = unsafe { (*ts).qslot };
+    if (q as usize) < QSLOT_COUNT {
+        compiler_fence(Ordering::SeqCst);
+        let c = &QSLOTS[q as usize].counter;
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
+    } else {
+        OVERFLOW_INFLIGHT.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// True while the calling thread runs a handler.
+pub(crate) fn in_handler() -> bool {
+    // SAFETY: reading a flag of this thread's own state.
+    unsafe { (*ts()).busy }
+}
+
+/// Waits until every thread that might have observed state published before this call has
+/// left the dispatcher. See the module doc.
+pub(crate) fn synchronize() {
+    arch::membarrier_all();
+    // SAFETY: own thread state.
+    let mine = unsafe { (*ts()).qslot } as usize;
+    let mut waits = Vec::new();
+    for (i, s) in QSLOTS.iter().enumerate() {
+        if i == mine {
+            continue;
+        }
+        let owner = s.owner.load(Ordering::Acquire);
+        if owner != 0 {
+            let c = s.counter.load(Ordering::Acquire);
+            if c & 1 == 1 {
+                waits.push((i, owner, c));
+            }
+        }
+    }
+    for (i, owner, c) in waits {
+        let s = &QSLOTS[i];
+        let mut spins = 0u32;
+        while s.counter.load(Ordering::Acquire) == c && s.owner.load(Ordering::Acquire) == owner {
+            spins += 1;
+            if spins > 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    while OVERFLOW_INFLIGHT.load(Ordering::Acquire) != 0 {
+        std::thread::yield_now();
+    }
+}
+
+/// After fork: the child has one thread; forget the parent's other threads' slots.
+pub(crate) fn after_fork_in_child() {
+    let ts = ts();
+    // SAFETY: own thread state; the child is single-threaded here.
+    let mine = unsafe { (*ts).qslot } as usize;
+    let tid = gettid();
+    for (i, s) in QSLOTS.iter().enumerate() {
+        if i == mine {
+            s.owner.store(tid, Ordering::Release);
+        } else {
+            s.owner.store(0, Ordering::Release);
+            s.counter.store(0, Ordering::Release);
+        }
+    }
+    // SAFETY: as above.
+    let inflight = unsafe { (*ts).busy && (*ts).qslot == QSLOT_OVERFLOW };
+    OVERFLOW_INFLIGHT.store(inflight as u64, Ordering::Release);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hit path.
+
+#[inline(always)]
+unsafe fn probe_of_record(hdr: u64) -> Option<&'static Probe> {
+    let slot = &PSLOTS[(hdr as u32) as usize];
+    if slot.gen.load(Ordering::Acquire) != (hdr >> 32) as u32 {
+        return None;
+    }
+    let p = slot.probe.load(Ordering::Acquire);
+    // SAFETY: a probe stays allocated until `synchronize` saw this thread leave the dispatcher,
+    // and callers are inside it.
+    unsafe { p.as_ref() }
+}
+
+/// Drops the records of an abandoned frame: no exit handler, a miss for each live fprobe.
+unsafe fn discard_frame(ts: *mut ThreadState, f: &Frame) {
+    let mut w = f.arena_start as usize;
+    while w < f.arena_end as usize {
+        // SAFETY: records between arena_start and arena_end were written by on_entry.
+        let (hdr, words) = unsafe { ((*ts).arena[w], (*ts).arena[w + 1] as usize) };
+        // SAFETY: inside the dispatcher.
+        if let Some(p) = unsafe { probe_of_record(hdr) } {
+            p.miss();
+            if p.nr_maxactive > 0 {
+                p.active.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        w += 2 + words;
+    }
+}
+
+/// Pops frames left behind by calls that never returned normally.
+#[inline(always)]
+unsafe fn pop_stale(ts: *mut ThreadState, sp: usize, inclusive: bool) {
+    // SAFETY: own thread state; depth <= MAX_FRAMES.
+    unsafe {
+        while (*ts).depth > 0 {
+            let f = (*ts).frames[(*ts).depth - 1];
+            if f.sp < sp || (inclusive && f.sp == sp) {
+                discard_frame(ts, &f);
+                (*ts).depth -= 1;
+                (*ts).arena_top = f.arena_start as usize;
+            } else {
+                break;
+            }
+        }
+    }
+}
+
+fn words_for(bytes: usize) -> usize {
+    bytes.div_ceil(8)
+}
+
+/// Entry of a probed function. Called by the arch entry trampoline.
+///
+/// # Safety
+/// `regs` is the trampoline's frame: `regs.sp` points at the caller's return address.
+pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) {
+    let ts = ts();
+    // SAFETY: own thread state, accessed through a raw pointer because handlers (the unwinder
+    // hooks) may modify it while this function runs.
+    unsafe {
+        if (*ts).busy {
+            // Already inside the dispatcher: the list is protected by our odd counter.
+            if let Some(list) = site.probes.load(Ordering::Acquire).as_ref() {
+                for &p in list.probes.iter() {
+                    (*p).miss();
+                }
+            }
+            return;
+        }
+        (*ts).busy = true;
+        q_enter(ts);
+        if let Some(list) = site.probes.load(Ordering::Acquire).as_ref() {
+            regs.ip = site.func as u64;
+            let sp = regs.sp as usize;
+            let ret_ip = *(sp as *const usize);
+            pop_stale(ts, sp, true);
+            let hook = list.has_exit && !site.no_return_hook.load(Ordering::Relaxed);
+            let mut first_rec: Option<usize> = None;
+            for &p in list.probes.iter() {
+                let p = &*p;
+                if p.disabled.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let mut rec = None;
+                if p.exit.is_some() {
+                    let words = words_for(p.entry_data_size);
+                    let top = (*ts).arena_top;
+                    let over_max = p.nr_maxactive > 0
+                        && p.active.fetch_add(1, Ordering::Relaxed) >= p.nr_maxactive;
+                    if over_max {
+                        p.active.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    if hook
+                        && !over_max
+                        && (*ts).depth < MAX_FRAMES
+                        && top + 2 + words <= ARENA_WORDS
+                    {
+                        (*ts).arena[top] = p.slot.load(Ordering::Relaxed) as u64
+                            | ((p.gen.load(Ordering::Relaxed) as u64) << 32);
+                        (*ts).arena[top + 1] = words as u64;
+                        (*ts).arena_top = top + 2 + words;
+                        first_rec.get_or_insert(top);
+                        rec = Some(top);
+                    } else {
+                        if p.nr_maxactive > 0 && !over_max {
+                            p.active.fetch_sub(1, Ordering::Relaxed);
+                        }
+                        p.miss();
+                    }
+                }
+                let data: &mut [u8] = match rec {
+                    Some(top) => std::slice::from_raw_parts_mut(
+                        (*ts).arena.as_mut_ptr().add(top + 2).cast::<u8>(),
+                        p.entry_data_size,
+                    ),
+                    None => &mut [],
+                };
+                let action = match &p.entry {
+                    Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        h(p, site.func, ret_ip, regs, data)
+                    }))
+                    .unwrap_or(EntryAction::Continue),
+                    None => EntryAction::Continue,
+                };
+                if action == EntryAction::SkipExit {
+                    if let Some(top) = rec {
+                        (*ts).arena_top = top;
+                        if first_rec == Some(top) {
+                            first_rec = None;
+                        }
+                        if p.nr_maxactive > 0 {
+                            p.active.fetch_sub(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            if let Some(start) = first_rec {
+                if (*ts).arena_top > start {
+                    let d = (*ts).depth;
+                    (*ts).frames[d] = Frame {
+                        ret: ret_ip,
+                        sp,
+                        entry_ip: site.func,
+                        arena_start: start as u32,
+                        arena_end: (*ts).arena_top as u32,
+                    };
+                    (*ts).depth = d + 1;
+                    *(sp as *mut usize) = arch::return_trampoline();
+                }
+            }
+        }
+        q_leave(ts);
+        (*ts).busy = false;
+    }
+}
+
+#[cold]
+fn fatal(msg: &str) -> ! {
+    // SAFETY: write(2) on stderr with a valid buffer.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::abort()
+    }
+}
+
+/// Return of a hooked call. Called by the arch return trampoline; `regs.sp` is the slot that
+/// held the hooked return address.
+///
+/// # Safety
+/// Only the return trampoline calls this.
+pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
+    let ts = ts();
+    let slot = regs.sp as usize;
+    // SAFETY: own thread state; see on_entry.
+    unsafe {
+        let was_busy = (*ts).busy;
+        if !was_busy {
+            (*ts).busy = true;
+            q_enter(ts);
+        }
+        pop_stale(ts, slot, false);
+        let d = (*ts).depth;
+        if d == 0 || (*ts).frames[d - 1].sp != slot {
+            fatal(
+                "ustrace-fprobe: a hooked return has no shadow frame (stack switched?); aborting\n",
+            );
+        }
+        let f = (*ts).frames[d - 1];
+        *(slot as *mut usize) = f.ret;
+        regs.ip = f.ret as u64;
+        let mut w = f.arena_start as usize;
+        while w < f.arena_end as usize {
+            let (hdr, words) = ((*ts).arena[w], (*ts).arena[w + 1] as usize);
+            if let Some(p) = probe_of_record(hdr) {
+                if was_busy {
+                    p.miss();
+                } else if !p.disabled.load(Ordering::Relaxed) {
+                    if let Some(h) = &p.exit {
+                        let data = std::slice::from_raw_parts_mut(
+                            (*ts).arena.as_mut_ptr().add(w + 2).cast::<u8>(),
+                            p.entry_data_size,
+                        );
+                        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                            h(p, f.entry_ip, f.ret, regs, data)
+                        }));
+                    }
+                }
+                if p.nr_maxactive > 0 {
+                    p.active.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            w += 2 + words;
+        }
+        (*ts).depth = d - 1;
+        (*ts).arena_top = f.arena_start as usize;
+        if !was_busy {
+            q_leave(ts);
+            (*ts).busy = false;
+        }
+    }
+}
+
+/// Puts the real return address back into every hooked frame of the calling thread and forgets
+/// those frames (their exit handlers will not run; each counts a miss). Called from inside the
+/// dispatcher by the unwinder hooks, so the unwinder sees the true stack.
+pub(crate) fn detach_thread_frames() -> usize {
+    let ts = ts();
+    let tramp = arch::return_trampoline();
+    // SAFETY: own thread state; we are inside the dispatcher (busy), frames are consistent.
+    unsafe {
+        let n = (*ts).depth;
+        for i in (0..n).rev() {
+            let f = (*ts).frames[i];
+            let slot = f.sp as *mut usize;
+            if *slot == tramp {
+                *slot = f.ret;
+            }
+            discard_frame(ts, &f);
+        }
+        (*ts).depth = 0;
+        (*ts).arena_top = 0;
+        n
+    }
+}
+
+/// Number of hooked calls outstanding on the calling thread.
+pub fn outstanding_frames() -> usize {
+    // SAFETY: reading a field of this thread's own state.
+    unsafe { (*ts()).depth }
+}

@@ -1,0 +1,702 @@
+//! The fprobe API (fprobe.rst in Rust) and the registry of patched sites.
+//!
+//! ```text
+//!   FprobeBuilder --register(filter, notfilter) / register_ips / register_syms--> Fprobe
+//!        |                                                                          |
+//!        v                                                                          v
+//!   Registry (mutex, slow path only)                                   unregister / drop
+//!     sites: func addr -> SiteRec { &'static Site, SiteCode, probes }
+//!       - first probe on a function: analyse + build stubs + patch (batched)
+//!       - more probes: publish a longer ProbeList, same patch site
+//!       - last probe gone: restore the original bytes
+//! ```
+//!
+//! Registration publishes lists and patches before it returns, so handlers may run before
+//! `register*` returns. `unregister` removes the fprobe from every list, bumps its slot
+//! generation (outstanding exits stop matching it), restores sites left without probes and then
+//! waits for quiescence: when it returns no thread is inside a handler of that fprobe and none
+//! will enter one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::arch::{self, PtRegs, SiteCode};
+use crate::dispatch::{
+    self, EntryAction, EntryHandler, ExitHandler, Probe, ProbeList, Site, PSLOTS,
+};
+use crate::Error;
+
+/// A function a registration attempt could not attach to, with the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// Function name (or address when no symbol covers it).
+    pub function: String,
+    /// Address of the function.
+    pub addr: usize,
+    /// Why it cannot be probed.
+    pub reason: String,
+}
+
+struct SiteRec {
+    site: &'static Site,
+    name: String,
+    code: Result<SiteCode, String>,
+    patched: bool,
+    probes: Vec<Arc<Probe>>,
+    internal: Vec<bool>,
+}
+
+struct Registry {
+    sites: HashMap<usize, SiteRec>,
+    free_slots: Vec<u32>,
+    next_slot: u32,
+    next_id: u64,
+}
+
+static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
+
+fn registry() -> MutexGuard<'static, Option<Registry>> {
+    let mut g = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    if g.is_none() {
+        *g = Some(Registry {
+            sites: HashMap::new(),
+            free_slots: Vec::new(),
+            next_slot: 0,
+            next_id: 1,
+        });
+        // SAFETY: registering a plain function as the fork child hook.
+        unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
+    }
+    g
+}
+
+extern "C" fn atfork_child() {
+    dispatch::after_fork_in_child();
+}
+
+/// One function to attach to.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    pub addr: usize,
+    pub size: Option<usize>,
+    pub name: String,
+    pub ifunc: bool,
+}
+
+fn excluded(name: &str) -> Option<&'static str> {
+    if name.starts_with("ustrace_fprobe") || name.contains("ustrace_fprobe::") {
+        return Some("part of the probe machinery (notrace)");
+    }
+    None
+}
+
+/// Builder for an [`Fprobe`]: handlers and per-call data first, then one of the three
+/// registration calls of fprobe.rst.
+#[derive(Default)]
+pub struct FprobeBuilder {
+    entry: Option<Box<EntryHandler>>,
+    exit: Option<Box<ExitHandler>>,
+    entry_data_size: usize,
+    nr_maxactive: u32,
+    internal: bool,
+    no_return_hook: bool,
+}
+
+impl std::fmt::Debug for FprobeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FprobeBuilder")
+            .field("entry", &self.entry.is_some())
+            .field("exit", &self.exit.is_some())
+            .field("entry_data_size", &self.entry_data_size)
+            .field("nr_maxactive", &self.nr_maxactive)
+            .finish()
+    }
+}
+
+impl FprobeBuilder {
+    /// An fprobe with no handler yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Called at function entry with `(fprobe, entry_ip, ret_ip, regs, entry_data)`; returning
+    /// [`EntryAction::SkipExit`] cancels this fprobe's exit handler for this call.
+    pub fn entry_handler<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Probe, usize, usize, &PtRegs, &mut [u8]) -> EntryAction + Send + Sync + 'static,
+    {
+        self.entry = Some(Box::new(f));
+        self
+    }
+
+    /// Called when the function returns, on the same thread, with the same `entry_data`.
+    pub fn exit_handler<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Probe, usize, usize, &PtRegs, &mut [u8]) + Send + Sync + 'static,
+    {
+        self.exit = Some(Box::new(f));
+        self
+    }
+
+    /// Bytes of per-call storage shared by the entry and exit handler (only with an exit
+    /// handler, as in the kernel). Contents are unspecified when the entry handler starts.
+    pub fn entry_data_size(mut self, bytes: usize) -> Self {
+        self.entry_data_size = bytes;
+        self
+    }
+
+    /// Most calls of this fprobe whose exit may be pending at once, over all threads (0: only
+    /// the per-thread shadow-stack bound). Beyond it, exits are not hooked and `nmissed` grows.
+    pub fn nr_maxactive(mut self, n: u32) -> Self {
+        self.nr_maxactive = n;
+        self
+    }
+
+    pub(crate) fn internal(mut self) -> Self {
+        self.internal = true;
+        self.no_return_hook = true;
+        self
+    }
+
+    /// `register_fprobe(fp, filter, notfilter)`: every function whose name matches one of the
+    /// space-separated globs of `filter` and none of `notfilter`. Functions that cannot be
+    /// patched are skipped and listed by [`Fprobe::refused`]; it is an error only when nothing
+    /// could be attached.
+    pub fn register(self, filter: &str, notfilter: Option<&str>) -> Result<Fprobe, Error> {
+        let targets = resolve_filter(filter, notfilter);
+        if targets.is_empty() {
+            return Err(Error::NoMatch(filter.to_string()));
+        }
+        let mut fp = self.register_targets(targets, false)?;
+        fp.filter = Some((filter.to_string(), notfilter.map(str::to_string)));
+        Ok(fp)
+    }
+
+    /// `register_fprobe_ips`: functions by address. Every address must be the start of a
+    /// function (or its patch address after `endbr64`) that can be patched, else nothing is
+    /// registered.
+    pub fn register_ips(self, ips: &[usize]) -> Result<Fprobe, Error> {
+        let inv = ustrace_inspect::symbols::inventory();
+        let targets = ips
+            .iter()
+            .map(|&ip| match inv.lookup(ip) {
+                Some((s, off)) if off == 0 || off == 4 => Target {
+                    addr: s.addr,
+                    size: Some(s.size).filter(|&n| n > 0),
+                    name: s.name.clone(),
+                    ifunc: s.ifunc,
+                },
+                _ => Target {
+                    addr: ip,
+                    size: None,
+                    name: format!("{ip:#x}"),
+                    ifunc: false,
+                },
+            })
+            .collect();
+        self.register_targets(targets, true)
+    }
+
+    /// `register_fprobe_syms`: functions by exact (demangled or mangled) name; every name must
+    /// resolve and be patchable, else nothing is registered.
+    pub fn register_syms(self, syms: &[&str]) -> Result<Fprobe, Error> {
+        let inv = ustrace_inspect::symbols::inventory();
+        let mut targets = Vec::new();
+        for name in syms {
+            let found = inv.find(name);
+            if found.is_empty() {
+                return Err(Error::NoMatch(name.to_string()));
+            }
+            for s in found {
+                if !targets.iter().any(|t: &Target| t.addr == s.addr) {
+                    targets.push(Target {
+                        addr: s.addr,
+                        size: Some(s.size).filter(|&n| n > 0),
+                        name: s.name.clone(),
+                        ifunc: s.ifunc,
+                    });
+                }
+            }
+        }
+        self.register_targets(targets, true)
+    }
+
+    pub(crate) fn register_internal(self, targets: Vec<Target>) -> Result<Fprobe, Error> {
+        self.register_targets(targets, true)
+    }
+
+    fn register_targets(self, targets: Vec<Target>, strict: bool) -> Result<Fprobe, Error> {
+        if self.exit.is_some() && !self.internal {
+            crate::unwind::ensure_hooks();
+        }
+        if self.entry.is_none() && self.exit.is_none() {
+            return Err(Error::Invalid(
+                "an fprobe needs an entry or an exit handler".into(),
+            ));
+        }
+        if self.exit.is_some() && !self.no_return_hook && arch::hardware_shadow_stack() {
+            return Err(Error::Unsupported(
+                "exit handlers rewrite return addresses, which the CET shadow stack of this thread forbids".into(),
+            ));
+        }
+        if dispatch::in_handler() {
+            return Err(Error::Invalid(
+                "cannot register from inside an fprobe handler".into(),
+            ));
+        }
+        let mut g = registry();
+        let reg = g.as_mut().expect("registry initialised");
+        let slot = match reg.free_slots.pop() {
+            Some(s) => s,
+            None if (reg.next_slot as usize) < dispatch::PROBE_SLOTS => {
+                reg.next_slot += 1;
+                reg.next_slot - 1
+            }
+            None => return Err(Error::TooManyProbes),
+        };
+        let id = reg.next_id;
+        reg.next_id += 1;
+        let gen = PSLOTS[slot as usize].gen.load(Ordering::Relaxed);
+        let probe = Arc::new(Probe {
+            entry: self.entry,
+            exit: self.exit,
+            entry_data_size: self.entry_data_size,
+            nr_maxactive: self.nr_maxactive,
+            active: AtomicU32::new(0),
+            nmissed: AtomicU64::new(0),
+            disabled: AtomicBool::new(false),
+            slot: AtomicU32::new(slot),
+            gen: AtomicU32::new(gen),
+            id,
+        });
+        PSLOTS[slot as usize]
+            .probe
+            .store(Arc::as_ptr(&probe).cast_mut(), Ordering::Release);
+        let mut fp = Fprobe {
+            probe,
+            funcs: Vec::new(),
+            refused: Vec::new(),
+            filter: None,
+            // Set only once attached: a panic below must not unregister under our lock.
+            registered: false,
+            internal: self.internal,
+        };
+        match attach(
+            reg,
+            &fp.probe,
+            self.internal,
+            self.no_return_hook,
+            targets,
+            strict,
+        ) {
+            Ok((funcs, refused)) => {
+                fp.funcs = funcs;
+                fp.refused = refused;
+                if fp.funcs.is_empty() {
+                    release_slot(reg, &fp.probe);
+                    fp.registered = false;
+                    let why = fp
+                        .refused
+                        .first()
+                        .map(|r| format!("{}: {}", r.function, r.reason));
+                    return Err(Error::Refused(why.unwrap_or_else(|| "no function".into())));
+                }
+                fp.registered = true;
+                Ok(fp)
+            }
+            Err(e) => {
+                release_slot(reg, &fp.probe);
+                fp.registered = false;
+                Err(e)
+            }
+        }
+    }
+}
+
+fn release_slot(reg: &mut Registry, probe: &Arc<Probe>) {
+    let slot = probe.slot.load(Ordering::Relaxed);
+    PSLOTS[slot as usize]
+        .probe
+        .store(std::ptr::null_mut(), Ordering::Release);
+    PSLOTS[slot as usize].gen.fetch_add(1, Ordering::AcqRel);
+    reg.free_slots.push(slot);
+}
+
+pub(crate) fn resolve_filter(filter: &str, notfilter: Option<&str>) -> Vec<Target> {
+    let inv = ustrace_inspect::symbols::inventory();
+    let mut out: Vec<Target> = Vec::new();
+    let nots: Vec<&str> = notfilter
+        .map(|n| n.split_whitespace().collect())
+        .unwrap_or_default();
+    for pat in filter.split_whitespace() {
+        for s in inv.glob(pat) {
+            if out.iter().any(|t| t.addr == s.addr) {
+                continue;
+            }
+            if nots
+                .iter()
+                .any(|n| !inv.glob(n).iter().all(|x| x.addr != s.addr))
+            {
+                continue;
+            }
+            out.push(Target {
+                addr: s.addr,
+                size: Some(s.size).filter(|&n| n > 0),
+                name: s.name.clone(),
+                ifunc: s.ifunc,
+            });
+        }
+    }
+    out
+}
+
+fn publish(rec: &SiteRec, retired: &mut Vec<*mut ProbeList>) {
+    let new = if rec.probes.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        let probes: Box<[*const Probe]> = rec.probes.iter().map(Arc::as_ptr).collect();
+        let has_exit = rec.probes.iter().any(|p| p.exit.is_some());
+        Box::into_raw(Box::new(ProbeList { has_exit, probes }))
+    };
+    let old = rec.site.probes.swap(new, Ordering::AcqRel);
+    if !old.is_null() {
+        retired.push(old);
+    }
+}
+
+fn free_retired(retired: Vec<*mut ProbeList>) {
+    if retired.is_empty() {
+        return;
+    }
+    dispatch::synchronize();
+    for p in retired {
+        // SAFETY: unpublished before the grace period that just ended; no reader remains.
+        drop(unsafe { Box::from_raw(p) });
+    }
+}
+
+type Attached = (Vec<usize>, Vec<Refusal>);
+
+fn attach(
+    reg: &mut Registry,
+    probe: &Arc<Probe>,
+    internal: bool,
+    no_return_hook: bool,
+    targets: Vec<Target>,
+    strict: bool,
+) -> Result<Attached, Error> {
+    let mut refused = Vec::new();
+    let mut ok = Vec::new();
+    for t in targets {
+        let rec = reg.sites.entry(t.addr).or_insert_with(|| new_site(&t));
+        let reason = if let Some(why) = excluded(&t.name) {
+            Some(why.to_string())
+        } else if t.ifunc {
+            Some("an ifunc resolver, not the implementation it selects".to_string())
+        } else {
+            rec.code.as_ref().err().cloned()
+        };
+        match reason {
+            Some(reason) => refused.push(Refusal {
+                function: t.name.clone(),
+                addr: t.addr,
+                reason,
+            }),
+            None => ok.push(t.addr),
+        }
+    }
+    if ok.is_empty() || (strict && !refused.is_empty()) {
+        if strict && !refused.is_empty() {
+            let r = &refused[0];
+            return Err(Error::Refused(format!(
+                "{} ({:#x}): {}",
+                r.function, r.addr, r.reason
+            )));
+        }
+        return Ok((ok, refused));
+    }
+    let mut retired = Vec::new();
+    let mut to_patch = Vec::new();
+    for &f in &ok {
+        let rec = reg.sites.get_mut(&f).expect("site just inserted");
+        // Internal (unwinder) probes go first so they run before user handlers.
+        let pos = if internal {
+            rec.internal.iter().take_while(|&&i| i).count()
+        } else {
+            rec.probes.len()
+        };
+        rec.probes.insert(pos, probe.clone());
+        rec.internal.insert(pos, internal);
+        if no_return_hook {
+            rec.site.no_return_hook.store(true, Ordering::Relaxed);
+        }
+        publish(rec, &mut retired);
+        if !rec.patched {
+            to_patch.push(f);
+        }
+    }
+    let guard = arch::text_lock();
+    let codes: Vec<&SiteCode> = to_patch
+        .iter()
+        .map(|f| {
+            reg.sites[f]
+                .code
+                .as_ref()
+                .expect("refused sites are filtered")
+        })
+        .collect();
+    let res = arch::patch_sites(&codes, &guard);
+    drop(guard);
+    if let Err(e) = res {
+        for &f in &ok {
+            let rec = reg.sites.get_mut(&f).expect("site exists");
+            if let Some(i) = rec.probes.iter().position(|p| Arc::ptr_eq(p, probe)) {
+                rec.probes.remove(i);
+                rec.internal.remove(i);
+            }
+            publish(rec, &mut retired);
+        }
+        free_retired(retired);
+        return Err(e);
+    }
+    for f in &to_patch {
+        reg.sites.get_mut(f).expect("site exists").patched = true;
+    }
+    free_retired(retired);
+    Ok((ok, refused))
+}
+
+fn new_site(t: &Target) -> SiteRec {
+    let site: &'static Site = Box::leak(Box::new(Site {
+        orig_stub: Default::default(),
+        func: t.addr,
+        probes: AtomicPtr::new(std::ptr::null_mut()),
+        no_return_hook: AtomicBool::new(false),
+    }));
+    let code = if excluded(&t.name).is_some() || t.ifunc {
+        Err("not analysed".to_string())
+    } else {
+        arch::build_site(t.addr, t.size, site as *const Site as usize)
+    };
+    if let Ok(c) = &code {
+        site.orig_stub.store(c.orig_stub, Ordering::Release);
+    }
+    SiteRec {
+        site,
+        name: t.name.clone(),
+        code,
+        patched: false,
+        probes: Vec::new(),
+        internal: Vec::new(),
+    }
+}
+
+fn detach(reg: &mut Registry, probe: &Arc<Probe>, funcs: &[usize]) -> Result<(), Error> {
+    let slot = probe.slot.load(Ordering::Relaxed) as usize;
+    // Outstanding exits of this probe stop matching from here on.
+    PSLOTS[slot]
+        .probe
+        .store(std::ptr::null_mut(), Ordering::Release);
+    PSLOTS[slot].gen.fetch_add(1, Ordering::AcqRel);
+    let mut retired = Vec::new();
+    let mut to_unpatch = Vec::new();
+    for f in funcs {
+        if let Some(rec) = reg.sites.get_mut(f) {
+            if let Some(i) = rec.probes.iter().position(|p| Arc::ptr_eq(p, probe)) {
+                rec.probes.remove(i);
+                rec.internal.remove(i);
+                publish(rec, &mut retired);
+                if rec.probes.is_empty() && rec.patched {
+                    to_unpatch.push(*f);
+                }
+            }
+        }
+    }
+    let guard = arch::text_lock();
+    let codes: Vec<&SiteCode> = to_unpatch
+        .iter()
+        .filter_map(|f| reg.sites[f].code.as_ref().ok())
+        .collect();
+    let res = arch::unpatch_sites(&codes, &guard);
+    drop(guard);
+    if res.is_ok() {
+        for f in &to_unpatch {
+            reg.sites.get_mut(f).expect("site exists").patched = false;
+        }
+    }
+    // Even when unpatching failed the probe is out of every list: after this grace period no
+    // handler of it can run, which is the promise unregister makes.
+    dispatch::synchronize();
+    for p in retired {
+        // SAFETY: unpublished before the grace period above.
+        drop(unsafe { Box::from_raw(p) });
+    }
+    reg.free_slots.push(slot as u32);
+    res
+}
+
+/// A registered fprobe. Dropping it unregisters it.
+pub struct Fprobe {
+    probe: Arc<Probe>,
+    funcs: Vec<usize>,
+    refused: Vec<Refusal>,
+    filter: Option<(String, Option<String>)>,
+    registered: bool,
+    internal: bool,
+}
+
+impl std::fmt::Debug for Fprobe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fprobe")
+            .field("id", &self.probe.id)
+            .field("functions", &self.funcs.len())
+            .field("refused", &self.refused.len())
+            .field("nmissed", &self.probe.nmissed())
+            .finish()
+    }
+}
+
+impl std::ops::Deref for Fprobe {
+    type Target = Probe;
+    fn deref(&self) -> &Probe {
+        &self.probe
+    }
+}
+
+impl Fprobe {
+    /// Shorthand for [`FprobeBuilder::new`].
+    pub fn builder() -> FprobeBuilder {
+        FprobeBuilder::new()
+    }
+
+    /// Addresses of the functions this fprobe is attached to.
+    pub fn functions(&self) -> &[usize] {
+        &self.funcs
+    }
+
+    /// Functions matched by the filter that could not be patched, with reasons.
+    pub fn refused(&self) -> &[Refusal] {
+        &self.refused
+    }
+
+    /// `disable_fprobe`: handlers stop being called (exits of calls already entered included);
+    /// the code stays patched.
+    pub fn disable(&self) {
+        self.probe.disabled.store(true, Ordering::Release);
+    }
+
+    /// `enable_fprobe`: undoes [`Fprobe::disable`].
+    pub fn enable(&self) {
+        self.probe.disabled.store(false, Ordering::Release);
+    }
+
+    /// Re-applies the registration filter to the functions loaded now (for example after
+    /// `dlopen`) and attaches to the new matches. Returns how many functions were added.
+    /// Address and symbol registrations have nothing to rescan and return 0.
+    pub fn rescan(&mut self) -> Result<usize, Error> {
+        let Some((filter, notfilter)) = self.filter.clone() else {
+            return Ok(0);
+        };
+        if !self.registered {
+            return Ok(0);
+        }
+        let targets: Vec<Target> = resolve_filter(&filter, notfilter.as_deref())
+            .into_iter()
+            .filter(|t| {
+                !self.funcs.contains(&t.addr) && !self.refused.iter().any(|r| r.addr == t.addr)
+            })
+            .collect();
+        if targets.is_empty() {
+            return Ok(0);
+        }
+        let mut g = registry();
+        let reg = g.as_mut().expect("registry initialised");
+        let (funcs, refused) = attach(reg, &self.probe, self.internal, false, targets, false)?;
+        let n = funcs.len();
+        self.funcs.extend(funcs);
+        self.refused.extend(refused);
+        Ok(n)
+    }
+
+    /// `unregister_fprobe`: when this returns, neither handler of this fprobe runs again on any
+    /// thread. Must not be called from inside a handler.
+    pub fn unregister(mut self) -> Result<(), Error> {
+        self.do_unregister()
+    }
+
+    fn do_unregister(&mut self) -> Result<(), Error> {
+        if !self.registered {
+            return Ok(());
+        }
+        if dispatch::in_handler() {
+            return Err(Error::Invalid(
+                "cannot unregister from inside an fprobe handler".into(),
+            ));
+        }
+        self.registered = false;
+        let mut g = registry();
+        let reg = g.as_mut().expect("registry initialised");
+        detach(reg, &self.probe, &self.funcs)
+    }
+}
+
+impl Drop for Fprobe {
+    fn drop(&mut self) {
+        if self.registered && dispatch::in_handler() {
+            // Unregistering here would wait for ourselves; keep the probe alive instead.
+            std::mem::forget(self.probe.clone());
+            return;
+        }
+        let _ = self.do_unregister();
+    }
+}
+
+/// Text of tracefs `enabled_functions`: one line per patched function, in address order,
+/// `name (N) R` (N fprobes attached; `R` because handlers get full registers) followed by the
+/// site's trampoline as the kernel prints it.
+pub fn enabled_functions() -> String {
+    let g = registry();
+    let Some(reg) = g.as_ref() else {
+        return String::new();
+    };
+    let mut rows: Vec<(&usize, &SiteRec)> = reg
+        .sites
+        .iter()
+        .filter(|(_, r)| r.patched && !r.probes.is_empty())
+        .collect();
+    rows.sort_by_key(|(a, _)| **a);
+    let mut out = String::new();
+    for (_, r) in rows {
+        let stub = r.code.as_ref().map(|c| c.entry_stub).unwrap_or(0);
+        out.push_str(&format!(
+            "{} ({}) R         \ttramp: {:#x}\n",
+            r.name,
+            r.probes.len(),
+            stub
+        ));
+    }
+    out
+}
+
+/// Why the function at `addr` cannot be probed, or `None` when it can (analysis only; nothing
+/// is patched).
+pub fn check_patchable(addr: usize) -> Option<String> {
+    let inv = ustrace_inspect::symbols::inventory();
+    let (name, size, ifunc) = match inv.lookup(addr) {
+        Some((s, 0)) => (s.name.clone(), Some(s.size).filter(|&n| n > 0), s.ifunc),
+        _ => (format!("{addr:#x}"), None, false),
+    };
+    if let Some(why) = excluded(&name) {
+        return Some(why.into());
+    }
+    if ifunc {
+        return Some("an ifunc resolver, not the implementation it selects".into());
+    }
+    let g = registry();
+    if let Some(rec) = g.as_ref().and_then(|r| r.sites.get(&addr)) {
+        return rec.code.as_ref().err().cloned();
+    }
+    drop(g);
+    arch::analyze_only(addr, size).err()
+}

@@ -1,0 +1,90 @@
+//! Keeping unwinders working while return addresses are hooked.
+//!
+//! A hooked frame's return slot holds `return_trampoline`, which no unwinder can step through
+//! (where the real caller is lives in a thread-local shadow stack, not in anything DWARF can
+//! describe). Every walk of the stack in a process goes through one of libgcc's entry points,
+//! so before the first fprobe with an exit handler is registered, this module probes them with
+//! an internal entry handler:
+//!
+//! ```text
+//!   panic!/C++ throw  -> _Unwind_RaiseException   \
+//!   rethrow           -> _Unwind_Resume_or_Rethrow  }  entry handler: put every real return
+//!   pthread_exit      -> _Unwind_ForcedUnwind      /   address of this thread back on the
+//!   backtrace(3), std::backtrace -> _Unwind_Backtrace  stack, forget those shadow frames
+//! ```
+//!
+//! After that the unwinder sees the true stack: panics and exceptions propagate through probed
+//! functions, pthread_exit/cancel unwinds them, and backtraces show the real callers. The price:
+//! exit handlers of the frames that were outstanding on that thread at that moment do not run
+//! (each counts one miss), including frames that survive, e.g. an outer probed function that
+//! catches the panic or that took the backtrace. The unwinder's own functions never get their
+//! return hooked (their callers must stay visible to them).
+//!
+//! `longjmp` needs no hook: frames it skips are recognised by their stack pointer and dropped
+//! at the next probe event of that thread (see `dispatch`).
+
+use std::sync::Mutex;
+
+use crate::dispatch::{self, EntryAction};
+use crate::fprobe::{FprobeBuilder, Target};
+
+/// libgcc entry points that start a stack walk.
+pub const UNWIND_ENTRY_POINTS: [&str; 4] = [
+    "_Unwind_RaiseException",
+    "_Unwind_Resume_or_Rethrow",
+    "_Unwind_ForcedUnwind",
+    "_Unwind_Backtrace",
+];
+
+/// (function, object, error) for each entry point found; `None` error means hooked.
+type HookStatus = Vec<(String, String, Option<String>)>;
+
+static STATUS: Mutex<Option<HookStatus>> = Mutex::new(None);
+
+/// Installs the hooks once (idempotent). Called before registering any fprobe with an exit
+/// handler, outside the registry lock.
+pub(crate) fn ensure_hooks() {
+    let mut st = STATUS.lock().unwrap_or_else(|e| e.into_inner());
+    if st.is_some() {
+        return;
+    }
+    let inv = ustrace_inspect::symbols::inventory();
+    let mut status = Vec::new();
+    for name in UNWIND_ENTRY_POINTS {
+        for s in inv.find(name) {
+            let target = Target {
+                addr: s.addr,
+                size: Some(s.size).filter(|&n| n > 0),
+                name: s.name.clone(),
+                ifunc: s.ifunc,
+            };
+            let res = FprobeBuilder::new()
+                .internal()
+                .entry_handler(|_, _, _, _, _| {
+                    dispatch::detach_thread_frames();
+                    EntryAction::Continue
+                })
+                .register_internal(vec![target]);
+            let err = match res {
+                Ok(fp) => {
+                    // Lives as long as the process.
+                    std::mem::forget(fp);
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            };
+            status.push((s.name.clone(), s.object_name().to_string(), err));
+        }
+    }
+    *st = Some(status);
+}
+
+/// What [`ensure_hooks`] did: one row per unwinder entry point found in the process, with the
+/// error when it could not be hooked (a panic through a probed frame then aborts the process).
+pub fn unwind_hook_status() -> Vec<(String, String, Option<String>)> {
+    STATUS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_default()
+}
