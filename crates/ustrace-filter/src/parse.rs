@@ -456,12 +456,12 @@ fn parse_predicate(
     let Some(field) = resolve(&s[name_start..i], fields) else {
         return err(ErrorKind::FieldNotFound, i);
     };
-    let mut user_string = false;
+    // `.ustring` tells the kernel a `char *` points to user memory; in one
+    // address space both kinds are read through `Context::read_str`, so the
+    // suffix is accepted (on any field, as the kernel does) and changes nothing.
     if s[i..].starts_with(b".ustring") {
-        user_string = true;
         i += 8;
     }
-    let _ = user_string; // user and kernel pointers read the same way here
     let mut function = false;
     if s[i..].starts_with(b".function") {
         function = true;
