@@ -571,13 +571,13 @@ impl Fprobe {
     }
 
     /// Addresses of the functions this fprobe is attached to.
-    pub fn functions(&self) -> &[usize] {
-        &self.funcs
+    pub fn functions(&self) -> Vec<usize> {
+        self.funcs.clone()
     }
 
     /// Functions matched by the filter that could not be patched, with reasons.
-    pub fn refused(&self) -> &[Refusal] {
-        &self.refused
+    pub fn refused(&self) -> Vec<Refusal> {
+        self.refused.clone()
     }
 
     /// `disable_fprobe`: handlers stop being called (exits of calls already entered included);

@@ -87,3 +87,18 @@ __attribute__((naked)) uint64_t c_early_branch(uint64_t n) {
             "1: xor %eax, %eax\n\t"
             "ret\n\t");
 }
+
+/* a thread that leaves through pthread_exit with probed frames outstanding */
+static void *c_thread_main(void *arg) {
+    (void)arg;
+    c_exit_thread(3);
+    return (void *)1;
+}
+
+__attribute__((noinline)) uint64_t c_spawn_exiting_thread(void) {
+    pthread_t t;
+    void *ret = 0;
+    if (pthread_create(&t, 0, c_thread_main, 0) != 0) return 0;
+    pthread_join(t, &ret);
+    return (uint64_t)ret;
+}

@@ -86,6 +86,12 @@ pub(crate) fn analyze(func: usize, size: Option<usize>) -> Result<Prologue, Stri
         if ins.is_invalid() {
             return Err(format!("undecodable instruction at +{:#x}", len + skip));
         }
+        if ins.flow_control() == FlowControl::Return {
+            return Err(format!(
+                "too short: the function returns after {} bytes, the patch needs {PATCH_LEN}",
+                ins.ip() as usize - func
+            ));
+        }
         if ins.flow_control() != FlowControl::Next
             || matches!(
                 ins.mnemonic(),
