@@ -129,12 +129,12 @@ fn c_library_functions_by_filter_and_several_fprobes_share_a_site() {
         })
         .register(
             "c_*",
-            Some("c_add c_scale c_fib c_jump* c_longjmp* c_exit* c_call* c_tiny c_loop* c_early*"),
+            Some("c_add c_scale c_fib c_jump* c_longjmp* c_exit* c_call* c_tiny c_loop* c_early* c_spawn* c_thread*"),
         )
         .unwrap();
     assert_eq!(
         b.functions(),
-        &[lib.sym("c_mix")],
+        vec![lib.sym("c_mix")],
         "refused: {:?}",
         b.refused()
     );

@@ -95,8 +95,8 @@ fn register_unregister_while_eight_threads_call() {
     // SAFETY: signatures match tests/c/probed.c.
     let c_fns: Option<(F2, F1)> = lib.map(|l| unsafe {
         (
-            std::mem::transmute(l.sym("c_add")),
-            std::mem::transmute(l.sym("c_fib")),
+            std::mem::transmute::<usize, F2>(l.sym("c_add")),
+            std::mem::transmute::<usize, F1>(l.sym("c_fib")),
         )
     });
     let mut stable_syms = vec!["st_r0", "st_r1", "st_rec"];
