@@ -53,14 +53,47 @@ impl CpuMask {
             .is_some_and(|b| b & (1 << (cpu % 8)) != 0)
     }
 
+    /// Byte `i` of this set as a little-endian bitmap.
+    #[inline]
+    fn byte(&self, i: usize) -> u8 {
+        (self.words[i / 8] >> (8 * (i % 8))) as u8
+    }
+
+    /// Byte `i` of a record bitmap, limited to the first `nr_cpus` bits.
+    #[inline]
+    fn record_byte(bytes: &[u8], i: usize, nr_cpus: u32) -> u8 {
+        let b = bytes.get(i).copied().unwrap_or(0);
+        let bits_left = nr_cpus as usize - 8 * i;
+        if bits_left >= 8 {
+            b
+        } else {
+            b & ((1u8 << bits_left) - 1)
+        }
+    }
+
     /// Whether the record bitmap equals this set over `nr_cpus` bits.
     pub fn equals_bitmap(&self, bytes: &[u8]) -> bool {
-        (0..self.nr_cpus).all(|c| self.test(c) == Self::bitmap_test(bytes, c))
+        (0..(self.nr_cpus as usize).div_ceil(8))
+            .all(|i| Self::record_byte(bytes, i, self.nr_cpus) == self.byte(i))
     }
 
     /// Whether the record bitmap shares a CPU with this set.
     pub fn intersects_bitmap(&self, bytes: &[u8]) -> bool {
-        (0..self.nr_cpus).any(|c| self.test(c) && Self::bitmap_test(bytes, c))
+        (0..(self.nr_cpus as usize).div_ceil(8))
+            .any(|i| Self::record_byte(bytes, i, self.nr_cpus) & self.byte(i) != 0)
+    }
+
+    /// Whether a record bitmap (over `nr_cpus` bits) holds `cpu` and no other CPU.
+    pub fn bitmap_is_only(bytes: &[u8], cpu: u32, nr_cpus: u32) -> bool {
+        let own = (cpu / 8) as usize;
+        (0..(nr_cpus as usize).div_ceil(8)).all(|i| {
+            let b = Self::record_byte(bytes, i, nr_cpus);
+            if i == own {
+                b == 1 << (cpu % 8)
+            } else {
+                b == 0
+            }
+        })
     }
 
     /// Parse a cpulist; `None` where the kernel's `cpulist_parse` fails.
@@ -196,6 +229,20 @@ mod tests {
         assert_eq!(cpus("1,", 2), Some(vec![1]));
         assert_eq!(cpus("1 0", 2), Some(vec![0, 1]));
         assert_eq!(cpus("17-42", 64).map(|v| v.len()), Some(26));
+    }
+
+    #[test]
+    fn record_bitmaps() {
+        let m = CpuMask::parse(b"1,9", 12).unwrap();
+        assert!(m.equals_bitmap(&[0b10, 0b10]));
+        // Bits past nr_cpus are not compared.
+        assert!(m.equals_bitmap(&[0b10, 0b1111_0010]));
+        assert!(!m.equals_bitmap(&[0b10]));
+        assert!(m.intersects_bitmap(&[0, 0b10]));
+        assert!(!m.intersects_bitmap(&[0b100, 0b1_0000]));
+        assert!(CpuMask::bitmap_is_only(&[0, 0b10], 9, 12));
+        assert!(!CpuMask::bitmap_is_only(&[1, 0b10], 9, 12));
+        assert!(CpuMask::bitmap_is_only(&[0, 0b1111_0010], 9, 12));
     }
 
     #[test]

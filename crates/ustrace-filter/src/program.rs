@@ -344,7 +344,7 @@ impl Pred {
                 let bits = tail(rec, start);
                 let bits = &bits[..bits.len().min(len)];
                 let has = CpuMask::bitmap_test(bits, *cpu);
-                let only = (0..*nr_cpus).all(|c| c == *cpu || !CpuMask::bitmap_test(bits, c));
+                let only = CpuMask::bitmap_is_only(bits, *cpu, *nr_cpus);
                 match op {
                     NumOp::Eq => has && only,
                     NumOp::Ne => !has || !only,

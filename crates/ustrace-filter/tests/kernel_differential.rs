@@ -4,6 +4,9 @@
 //! crate; acceptance, errno, the `filter` read-back (message and caret), the
 //! `error_log` entry and the `trigger` listing must agree.
 //!
+//! A third test does the same for filters on events with string, `char *`,
+//! `__data_loc` and cpumask fields, their field tables read from `format`.
+//!
 //! Needs root and tracefs at /sys/kernel/tracing; otherwise prints
 //! `skipped: <why>` and passes. `USTRACE_DIFF_CASES=N` sets how many generated
 //! cases of each kind to add (default 300).
@@ -367,6 +370,201 @@ fn triggers_agree_with_the_kernel() {
         texts.len(),
         100.0 * agree as f64 / texts.len() as f64
     );
+    assert!(
+        failures.is_empty(),
+        "{} disagreements:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Fields from an event's `format` file (`field:char prev_comm[16];` becomes
+/// name `prev_comm`, type `char[16]`, as the kernel stores it).
+fn parse_format(text: &str) -> Vec<(String, String, usize, usize, bool)> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim().strip_prefix("field:")?;
+            let mut parts = l.split(';').map(str::trim);
+            let decl = parts.next()?;
+            let num = |p: Option<&str>, key: &str| -> Option<usize> {
+                p?.strip_prefix(key)?.parse().ok()
+            };
+            let offset = num(parts.next(), "offset:")?;
+            let size = num(parts.next(), "size:")?;
+            let signed = num(parts.next(), "signed:")? == 1;
+            let (ty, name) = decl.rsplit_once(' ')?;
+            let (name, ty) = match name.find('[') {
+                Some(b) => (
+                    name[..b].to_string(),
+                    format!("{}{}", ty.trim(), &name[b..]),
+                ),
+                None => (name.to_string(), ty.trim().to_string()),
+            };
+            Some((name, ty, offset, size, signed))
+        })
+        .collect()
+}
+
+fn event_filter_cases(names: &[String], n: usize) -> Vec<String> {
+    use proptest::prelude::*;
+    let names = names.to_vec();
+    let leaf = (
+        prop::sample::select(names),
+        prop::sample::select(vec!["", "", "", ".function", ".ustring"]),
+        prop::sample::select(vec!["==", "!=", "<", ">=", "&", "~"]),
+        prop_oneof![
+            (0u32..70000).prop_map(|v| v.to_string()),
+            Just("-1".to_string()),
+            "[a-z*?]{0,6}".prop_map(|s| format!("\"{s}\"")),
+            prop::sample::select(vec![
+                "CPUS{0}",
+                "CPUS{0-1}",
+                "CPUS{}",
+                "CPUS{5}",
+                "schedule",
+                "bash"
+            ])
+            .prop_map(String::from),
+        ],
+    )
+        .prop_map(|(f, sfx, op, v)| format!("{f}{sfx} {op} {v}"));
+    let expr = (
+        leaf.clone(),
+        prop::sample::select(vec![" && ", " || ", ""]),
+        leaf,
+    )
+        .prop_map(|(a, o, b)| {
+            if o.is_empty() {
+                a
+            } else {
+                format!("{a}{o}!({b})")
+            }
+        });
+    generated(expr, n)
+}
+
+#[test]
+fn other_events_agree_with_the_kernel() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let inst = Instance::create(&format!("ustrace-difftest-ev-{}", std::process::id()))
+        .expect("creating a tracefs instance");
+    let syms = Kallsyms::load();
+    let by_name = |n: &str| syms.function(n);
+    let by_addr = |a: u64| syms.address(a);
+    let env = CompileEnv {
+        resolve_function: Some(&by_name),
+        resolve_address: Some(&by_addr),
+        nr_cpus: possible_cpus(),
+    };
+    let hand: &[(&str, &[&str])] = &[
+        (
+            "sched/sched_switch",
+            &[
+                "prev_comm ~ \"*sh\"",
+                "prev_comm == 1",
+                "prev_comm.function == schedule",
+                "prev_state.function == schedule",
+                "prev_pid & CPUS{0-1}",
+                "next_comm ~ \"[a-z]*\" && next_pid > 0",
+                "prev_comm < \"a\"",
+                "prev_comm != 'x'",
+            ],
+        ),
+        (
+            "sched/sched_process_exec",
+            &[
+                "filename ~ \"*true\"",
+                "filename == \"/bin/sh\"",
+                "filename == 0",
+                "filename.ustring ~ \"x*\"",
+                "filename & CPUS{0}",
+                "pid == -1",
+            ],
+        ),
+        (
+            "ipi/ipi_send_cpumask",
+            &[
+                "cpumask & CPUS{0}",
+                "cpumask == CPUS{0-1}",
+                "cpumask != CPUS{1}",
+                "cpumask < CPUS{1}",
+                "cpumask == 3",
+                "cpumask ~ \"x\"",
+                "callsite.function == schedule",
+                "callback == 0",
+            ],
+        ),
+        (
+            "dev/devres_log",
+            &[
+                "op == \"add\"",
+                "op.ustring ~ \"a*\"",
+                "op == 1",
+                "op & CPUS{0}",
+                "devname ~ \"*\"",
+                "dev.function == schedule",
+                "size > 10",
+            ],
+        ),
+        (
+            "ext4/ext4_error",
+            &[
+                "function ~ \"ext4_*\"",
+                "line == 3",
+                "dev == 0",
+                "function.function == schedule",
+            ],
+        ),
+    ];
+    let mut agree = 0usize;
+    let mut total = 0usize;
+    let mut failures = Vec::new();
+    for (event, texts) in hand {
+        let dir = inst.dir.join("events").join(event);
+        let Ok(format) = fs::read_to_string(dir.join("format")) else {
+            eprintln!("note: no event {event} on this kernel");
+            continue;
+        };
+        let owned = parse_format(&format);
+        let fields: Vec<ustrace_filter::Field<'_>> = owned
+            .iter()
+            .map(|(name, ty, offset, size, signed)| ustrace_filter::Field {
+                name,
+                c_type: ty,
+                offset: *offset,
+                size: *size,
+                signed: *signed,
+            })
+            .collect();
+        let names: Vec<String> = owned
+            .iter()
+            .map(|f| f.0.clone())
+            .chain(["CPU".into(), "comm".into()])
+            .collect();
+        let mut cases: Vec<String> = texts.iter().map(|s| s.to_string()).collect();
+        cases.extend(event_filter_cases(&names, cases() / 3));
+        let filter = dir.join("filter");
+        for text in &cases {
+            total += 1;
+            assert_eq!(write(&filter, "0"), 0);
+            let k_errno = write(&filter, text);
+            let k_file = read(&filter);
+            let (m_errno, m_file) = match compile(text, &fields, &env) {
+                Ok(p) => (0, format!("{}\n", p.text())),
+                Err(e) => (e.errno(), e.filter_file_text(text)),
+            };
+            if (k_errno, &k_file) == (m_errno, &m_file) {
+                agree += 1;
+            } else {
+                failures.push(format!("{event}: {text:?}\n  kernel: errno {k_errno}\n{k_file}  ours:   errno {m_errno}\n{m_file}"));
+            }
+        }
+        assert_eq!(write(&filter, "0"), 0);
+    }
+    eprintln!("other-event filter agreement: {agree}/{total}");
     assert!(
         failures.is_empty(),
         "{} disagreements:\n{}",
