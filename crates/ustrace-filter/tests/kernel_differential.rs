@@ -544,10 +544,10 @@ fn other_events_agree_with_the_kernel() {
             .map(|f| f.0.clone())
             .chain(["CPU".into(), "comm".into()])
             .collect();
-        let mut cases: Vec<String> = texts.iter().map(|s| s.to_string()).collect();
-        cases.extend(event_filter_cases(&names, cases() / 3));
+        let mut event_texts: Vec<String> = texts.iter().map(|s| s.to_string()).collect();
+        event_texts.extend(event_filter_cases(&names, cases() / 3));
         let filter = dir.join("filter");
-        for text in &cases {
+        for text in &event_texts {
             total += 1;
             assert_eq!(write(&filter, "0"), 0);
             let k_errno = write(&filter, text);
