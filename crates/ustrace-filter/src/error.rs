@@ -37,6 +37,7 @@ pub enum ErrorKind {
     InvalidValue,
     NoFunction,
     NoFilter,
+    BadSubsysFilter,
 }
 
 impl ErrorKind {
@@ -60,6 +61,9 @@ impl ErrorKind {
             ErrorKind::InvalidValue => "Invalid value (did you forget quotes)?",
             ErrorKind::NoFunction => "Function not found",
             ErrorKind::NoFilter => "No filter found",
+            ErrorKind::BadSubsysFilter => {
+                "Couldn't find or set field in one of a subsystem's events"
+            }
         }
     }
 }
@@ -79,6 +83,13 @@ pub struct FilterError {
 /// The kernel's limit on one write to `filter`/`trigger` (`PAGE_SIZE`):
 /// writes of this many bytes or more are refused with `EINVAL`.
 pub const MAX_WRITE: usize = 4096;
+
+/// What a subsystem's `filter` file shows (the kernel never shows the
+/// filter written there).
+pub const SUBSYSTEM_FILTER_HELP: &str = "### global filter ###\n\
+# Use this to set filters for multiple events.\n\
+# Only events with the given fields will be affected.\n\
+# If no events are modified, an error message will be displayed here\n";
 
 /// Most bytes the kernel's text buffer (`trace_seq`) holds when it formats
 /// a filter error or the `filter` file (two pages minus its bookkeeping,
@@ -132,6 +143,20 @@ impl FilterError {
     /// `EPERM`, `ENOENT`, `ESRCH`, `ERANGE` where the kernel leaks them).
     pub fn errno(&self) -> i32 {
         self.errno
+    }
+
+    /// The error an event gets when a filter written to its *subsystem's*
+    /// `filter` file does not compile for it. The kernel then still replaces
+    /// that event's filter (leaving the event unfiltered), shows this error
+    /// with the caret at 0 in the event's `filter` file and logs it once per
+    /// such event; the subsystem write itself succeeds as long as the
+    /// subsystem has events, and the subsystem file keeps showing
+    /// [`SUBSYSTEM_FILTER_HELP`].
+    pub fn for_subsystem(&self) -> FilterError {
+        if self.too_long {
+            return self.clone();
+        }
+        FilterError::new(ErrorKind::BadSubsysFilter, 0, self.errno)
     }
 
     /// Whether the write was refused before parsing (4096 bytes or more):

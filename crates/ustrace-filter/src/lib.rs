@@ -39,7 +39,7 @@ mod program;
 pub mod strmatch;
 pub mod trigger;
 
-pub use error::{ErrorKind, FilterError, MAX_WRITE, SEQ_LIMIT};
+pub use error::{ErrorKind, FilterError, MAX_WRITE, SEQ_LIMIT, SUBSYSTEM_FILTER_HELP};
 pub use field::{Field, FieldClass, COMMON_FIELDS};
 pub use parse::{
     compile, is_clear, possible_cpus, AddressResolver, CompileEnv, FunctionResolver, MAX_NUMBER,

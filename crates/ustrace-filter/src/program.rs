@@ -405,6 +405,28 @@ impl Program {
         &self.text
     }
 
+    /// Whether some predicate reads `Context::comm` (the caller can skip
+    /// fetching the task name otherwise).
+    pub fn needs_comm(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(&s.pred, Pred::Str(sp) if sp.src == StrSource::Comm))
+    }
+
+    /// Whether some predicate reads `char *` strings through `Context::read_str`.
+    pub fn needs_read_str(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(&s.pred, Pred::Str(sp) if matches!(sp.src, StrSource::Ptr { .. })))
+    }
+
+    /// Whether some predicate reads `Context::cpu`.
+    pub fn needs_cpu(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(s.pred, Pred::Cpu { .. } | Pred::CpuInMask { .. }))
+    }
+
     /// Number of predicates.
     pub fn len(&self) -> usize {
         self.steps.len()

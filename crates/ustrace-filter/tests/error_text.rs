@@ -163,3 +163,35 @@ fn accepted_texts_read_back_as_written() {
         );
     }
 }
+
+#[test]
+fn recorded_subsystem_texts() {
+    // raw_syscalls/filter <- "args == 1": sys_exit has no `args`.
+    let sys_exit = [ustrace_filter::Field {
+        name: "ret",
+        c_type: "long",
+        offset: 16,
+        size: 8,
+        signed: true,
+    }];
+    let e = compile("args == 1", &sys_exit, &env())
+        .unwrap_err()
+        .for_subsystem();
+    assert_eq!(
+        e.filter_file_text("args == 1"),
+        "args == 1\n^\nparse_error: Couldn't find or set field in one of a subsystem's events\n\n"
+    );
+    assert_eq!(
+        e.error_log_entry("args == 1"),
+        (
+            "event filter parse error: error: Couldn't find or set field in one of a subsystem's events".to_string(),
+            "  Command: args == 1\n           ^".to_string()
+        )
+    );
+    assert_eq!(
+        ustrace_filter::SUBSYSTEM_FILTER_HELP,
+        "### global filter ###\n# Use this to set filters for multiple events.\n\
+         # Only events with the given fields will be affected.\n\
+         # If no events are modified, an error message will be displayed here\n"
+    );
+}
