@@ -30,6 +30,30 @@
 //! the end of the 16-byte comm buffer); integer fields whose size is not
 //! 1/2/4/8 never match; and a failed write leaves the event *unfiltered*.
 
+//! # Contract with the event core (checked against the live kernel)
+//!
+//! Writing to an event's `filter` file:
+//!
+//! 1. [`is_clear`] (`0`, whitespace around allowed): remove the filter; the
+//!    file reads `none`.
+//! 2. Otherwise [`compile`] against the event's format fields.
+//!    * `Ok(p)`: install `p` (RCU-style swap; readers may still run the old
+//!      one); the file reads `p.text()` plus a newline.
+//!    * `Err(e)`: the write fails with `e.errno()`. Unless
+//!      [`FilterError::is_write_too_long`], the event's filter is *removed*
+//!      (the event is now unfiltered — the kernel does not keep the old one),
+//!      the file reads [`FilterError::filter_file_text`], and
+//!      [`FilterError::error_log_entry`] is appended to the instance's
+//!      `error_log` (after a `[timestamp] ` prefix, one entry per failure).
+//!
+//! Writing to a subsystem's `filter` file: the same text is compiled for each
+//! event of the subsystem; each event gets its program or, on failure,
+//! [`FilterError::for_subsystem`] (unfiltered, error text, log entry); the
+//! write succeeds if the subsystem has any event, and the subsystem file
+//! always reads [`SUBSYSTEM_FILTER_HELP`].
+//!
+//! Triggers: see [`trigger`].
+
 pub mod cpulist;
 pub mod ctype;
 mod error;

@@ -403,6 +403,12 @@ impl Trigger {
     /// Call when the trigger's event passed its filter: returns whether the
     /// action should run now, consuming one count if it is limited. A
     /// count of 0 never runs; unlimited always runs.
+    ///
+    /// The kernel consumes a count only when the action changes something:
+    /// `traceon`/`traceoff` skip (without consuming) when tracing is already
+    /// in the wanted state, `enable_event`/`disable_event` when the target
+    /// event already is; `stacktrace` and `snapshot` always consume. Check
+    /// that first and call `fire` only when the action would have an effect.
     pub fn fire(&self) -> bool {
         self.remaining
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| match n {
