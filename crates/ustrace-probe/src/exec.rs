@@ -1,0 +1,716 @@
+//! Running compiled definitions on the probe-hit path, and laying out and
+//! printing the records they produce.
+//!
+//! A record is the 8-byte common header (written by the caller), the probe
+//! header, the fixed argument area and the dynamic area for strings:
+//!
+//! ```text
+//!  off 0   common header (caller)
+//!  off 8   __probe_ip                     (exit probes: __probe_func, __probe_ret_ip)
+//!  off 16  count  u64
+//!  off 24  name   u32 __data_loc = len << 16 | offset-from-record-start ─┐
+//!  off 28  "file.txt\0"  ◄────────────────────────────────────────────────┘
+//! ```
+//!
+//! [`Program::record_size`] walks the arguments once to size the strings
+//! (the kernel's `__get_data_size`), then [`Program::run`] stores them; both
+//! only read through [`FetchContext`], take no lock and allocate nothing.
+//! A fault while fetching a string stores length 0, printed `(fault)`; a
+//! fault while fetching a number stores 0.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use ustrace_inspect::symbols::Inventory;
+use ustrace_inspect::uaccess;
+
+use crate::command::{ProbeDefinition, ProbeKind};
+use crate::env::{FieldKind, FieldSpec};
+use crate::fetch::{ArgDef, Insn, MAX_STRING_SIZE, REGISTER_NAMES};
+use crate::types::FetchType;
+
+/// Size of the common header every record starts with.
+pub const COMMON_HEADER_SIZE: usize = 8;
+
+/// What a probe hit offers the fetch program. Memory reads default to the
+/// fault-safe `ustrace_inspect::uaccess` routines.
+pub trait FetchContext {
+    /// The n-th (0-based) integer argument of the probed function.
+    fn arg(&self, n: usize) -> u64;
+
+    /// A register by its kernel name (`di`, `r8`, `ip`); `None` when unknown
+    /// (the fetch faults).
+    fn register(&self, name: &str) -> Option<u64> {
+        let _ = name;
+        None
+    }
+
+    /// The stack pointer at the probe.
+    fn stack_pointer(&self) -> u64;
+
+    /// The n-th word of the stack (default: read at `sp + 8n`).
+    fn stack_word(&self, n: usize) -> Option<u64> {
+        let addr = self
+            .stack_pointer()
+            .checked_add((n as u64).checked_mul(8)?)?;
+        uaccess::read_u64(addr as usize).ok()
+    }
+
+    /// The return value (exit probes).
+    fn return_value(&self) -> u64 {
+        0
+    }
+
+    /// The current task's name (up to 16 bytes, NUL padded).
+    fn comm(&self) -> &[u8];
+
+    /// The record of the event an eprobe is attached to (common header
+    /// included, as field offsets count from it).
+    fn event_record(&self) -> &[u8] {
+        &[]
+    }
+
+    /// Words saved at function entry by [`Program::save_entry`] (exit probes).
+    fn entry_data(&self) -> &[u64] {
+        &[]
+    }
+
+    /// Load base of the probed object (uprobes' `@+OFFSET`).
+    fn file_base(&self) -> u64 {
+        0
+    }
+
+    /// `__probe_ip`, or `__probe_func` for exit probes (the function's entry).
+    fn probe_ip(&self) -> u64 {
+        0
+    }
+
+    /// `__probe_ret_ip` for exit probes (where the function returns to).
+    fn return_ip(&self) -> u64 {
+        0
+    }
+
+    /// Copies memory; false on a fault.
+    fn read(&self, addr: u64, buf: &mut [u8], user: bool) -> bool {
+        let _ = user;
+        uaccess::read(addr as usize, buf).is_ok()
+    }
+
+    /// Copies a NUL-terminated string as `strncpy_from_user`; `None` on a fault.
+    fn read_str(&self, addr: u64, buf: &mut [u8], user: bool) -> Option<usize> {
+        let _ = user;
+        uaccess::read_str(addr as usize, buf).ok()
+    }
+}
+
+/// A definition compiled for the hot path.
+#[derive(Debug, Clone)]
+pub struct Program {
+    kind: ProbeKind,
+    header: usize,
+    fixed: usize,
+    args: Box<[ArgDef]>,
+    entry: Box<[u32]>,
+    inventory: Option<Arc<Inventory>>,
+}
+
+/// A value during a fetch: the number, and for in-process sources (comm,
+/// immediate strings, source-record strings) the bytes it points at.
+#[derive(Clone, Copy)]
+struct Val<'c> {
+    v: u64,
+    local: Option<&'c [u8]>,
+}
+
+impl ProbeDefinition {
+    /// Compiles for the hot path. `inventory` is needed only for `symstr`
+    /// arguments (address → `symbol+off/size` at record time).
+    pub fn compile(&self, inventory: Option<Arc<Inventory>>) -> Program {
+        let header = match self.kind {
+            ProbeKind::Eprobe => 0,
+            k if k.is_return() => 16,
+            _ => 8,
+        };
+        Program {
+            kind: self.kind,
+            header,
+            fixed: self.args.iter().map(ArgDef::fixed_size).sum(),
+            args: self.args.clone().into_boxed_slice(),
+            entry: self.entry_args.args.clone().into_boxed_slice(),
+            inventory,
+        }
+    }
+}
+
+fn le_store(dest: &mut [u8], v: u64) {
+    let n = dest.len().min(8);
+    dest[..n].copy_from_slice(&v.to_le_bytes()[..n]);
+}
+
+fn le_load(src: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = src.len().min(8);
+    b[..n].copy_from_slice(&src[..n]);
+    u64::from_le_bytes(b)
+}
+
+/// `fmt::Write` into a byte slice, silently truncating.
+struct SliceWriter<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl std::fmt::Write for SliceWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = self.buf.len() - self.len;
+        let n = s.len().min(room);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+/// Where strings go while storing: the whole record body and the next free byte.
+struct DynArea<'o> {
+    out: &'o mut [u8],
+    pos: usize,
+}
+
+impl Program {
+    /// The probe kind.
+    pub fn kind(&self) -> ProbeKind {
+        self.kind
+    }
+
+    /// Bytes of entry data the exit handler must keep per call (0: none).
+    pub fn entry_data_size(&self) -> usize {
+        self.entry.len() * 8
+    }
+
+    /// Saves, at function entry, the arguments an exit probe reads
+    /// (`$argN` in a `%return` probe). `edata` needs
+    /// `entry_data_size() / 8` words; hand them back through
+    /// [`FetchContext::entry_data`] at exit.
+    pub fn save_entry(&self, ctx: &dyn FetchContext, edata: &mut [u64]) {
+        for (slot, &arg) in edata.iter_mut().zip(self.entry.iter()) {
+            *slot = ctx.arg(arg as usize);
+        }
+    }
+
+    /// Record fields after the common header, offsets from the record start.
+    pub fn fields(&self) -> Vec<FieldSpec> {
+        let mut f = Vec::with_capacity(self.args.len() + 2);
+        let ulong = |name: &str, offset| FieldSpec {
+            name: name.to_owned(),
+            c_type: "unsigned long".to_owned(),
+            offset,
+            size: 8,
+            signed: false,
+            kind: FieldKind::Int,
+        };
+        match self.header {
+            8 => f.push(ulong("__probe_ip", COMMON_HEADER_SIZE)),
+            16 => {
+                f.push(ulong("__probe_func", COMMON_HEADER_SIZE));
+                f.push(ulong("__probe_ret_ip", COMMON_HEADER_SIZE + 8));
+            }
+            _ => {}
+        }
+        let base = COMMON_HEADER_SIZE + self.header;
+        for a in self.args.iter() {
+            let ty = a.ty;
+            let (c_type, kind) = if a.count > 0 {
+                (
+                    format!("{}[{}]", ty.format_type(), a.count),
+                    FieldKind::IntArray {
+                        elem_size: ty.size(),
+                        len: a.count as usize,
+                    },
+                )
+            } else if ty.is_string() {
+                (ty.format_type().to_owned(), FieldKind::DynString)
+            } else {
+                (ty.format_type().to_owned(), FieldKind::Int)
+            };
+            f.push(FieldSpec {
+                name: a.name.clone(),
+                c_type,
+                offset: base + a.offset,
+                size: a.fixed_size(),
+                signed: ty.is_signed(),
+                kind,
+            });
+        }
+        f
+    }
+
+    /// The format file's `print fmt:` value, built as the kernel builds it.
+    pub fn print_fmt(&self) -> String {
+        let (head, tail) = match self.header {
+            8 => ("(%lx)", ", REC->__probe_ip"),
+            16 => ("(%lx <- %lx)", ", REC->__probe_func, REC->__probe_ret_ip"),
+            _ => ("", ""),
+        };
+        let mut s = format!("\"{head}");
+        for a in self.args.iter() {
+            let conv = a.ty.print_conv();
+            let _ = write!(s, " {}=", a.name);
+            if a.count > 0 {
+                s.push('{');
+                for j in 0..a.count {
+                    if j > 0 {
+                        s.push(',');
+                    }
+                    s.push_str(conv);
+                }
+                s.push('}');
+            } else {
+                s.push_str(conv);
+            }
+        }
+        s.push('"');
+        s.push_str(tail);
+        for a in self.args.iter() {
+            let string = a.ty.is_string();
+            if a.count > 0 {
+                for j in 0..a.count {
+                    if string {
+                        let _ = write!(s, ", __get_str({}[{j}])", a.name);
+                    } else {
+                        let _ = write!(s, ", REC->{}[{j}]", a.name);
+                    }
+                }
+            } else if string {
+                let _ = write!(s, ", __get_str({})", a.name);
+            } else {
+                let _ = write!(s, ", REC->{}", a.name);
+            }
+        }
+        s
+    }
+
+    /// Bytes of the record after the common header that [`Program::run`]
+    /// needs for this hit (probe header + arguments + strings).
+    pub fn record_size(&self, ctx: &dyn FetchContext) -> usize {
+        let mut dynamic = 0;
+        for a in self.args.iter().filter(|a| a.dynamic()) {
+            dynamic += self.exec(a, ctx, None, None);
+        }
+        self.header + self.fixed + dynamic
+    }
+
+    /// Fills `out` (the record after its common header): probe header, the
+    /// fixed area, then strings. Returns the bytes used; 0 when `out` cannot
+    /// hold the fixed part. Strings are cut to what fits.
+    pub fn run(&self, ctx: &dyn FetchContext, out: &mut [u8]) -> usize {
+        let fixed_end = self.header + self.fixed;
+        if out.len() < fixed_end {
+            return 0;
+        }
+        match self.header {
+            8 => le_store(&mut out[0..8], ctx.probe_ip()),
+            16 => {
+                le_store(&mut out[0..8], ctx.probe_ip());
+                le_store(&mut out[8..16], ctx.return_ip());
+            }
+            _ => {}
+        }
+        out[self.header..fixed_end].fill(0);
+        let mut area = DynArea {
+            out,
+            pos: fixed_end,
+        };
+        for a in self.args.iter() {
+            let at = self.header + a.offset;
+            self.exec(a, ctx, Some(at), Some(&mut area));
+        }
+        area.pos
+    }
+
+    fn load<'c>(&self, insn: &'c Insn, ctx: &'c dyn FetchContext) -> Option<Val<'c>> {
+        let plain = |v| Some(Val { v, local: None });
+        match insn {
+            Insn::Reg(n) => plain(ctx.register(REGISTER_NAMES[*n as usize])?),
+            Insn::Stack(n) => plain(ctx.stack_word(*n as usize)?),
+            Insn::StackP => plain(ctx.stack_pointer()),
+            Insn::RetVal => plain(ctx.return_value()),
+            Insn::Imm(v) => plain(*v),
+            Insn::Arg(n) => plain(ctx.arg(*n as usize)),
+            Insn::EntryData(off) => plain(*ctx.entry_data().get(*off as usize / 8)?),
+            Insn::FileOffset(o) => plain(ctx.file_base().wrapping_add(*o as u64)),
+            Insn::Comm => {
+                let c = ctx.comm();
+                Some(Val {
+                    v: c.as_ptr() as u64,
+                    local: Some(c),
+                })
+            }
+            Insn::Data(d) => Some(Val {
+                v: d.as_ptr() as u64,
+                local: Some(d),
+            }),
+            Insn::EventField {
+                offset,
+                size,
+                signed,
+                kind,
+            } => {
+                let rec = ctx.event_record();
+                let off = *offset as usize;
+                let size = *size as usize;
+                let field = rec.get(off..off.checked_add(size)?)?;
+                let local = |s: &'c [u8]| {
+                    Some(Val {
+                        v: s.as_ptr() as u64,
+                        local: Some(s),
+                    })
+                };
+                match kind {
+                    FieldKind::DynString | FieldKind::DynBytes => {
+                        let dl = le_load(field) as u32;
+                        let (len, start) = ((dl >> 16) as usize, (dl & 0xffff) as usize);
+                        local(rec.get(start..start.checked_add(len)?)?)
+                    }
+                    FieldKind::CharArray => local(field),
+                    FieldKind::TailString => local(&rec[off..]),
+                    _ => {
+                        let raw = le_load(field);
+                        let v = match (size, *signed) {
+                            (1, true) => raw as u8 as i8 as i64 as u64,
+                            (2, true) => raw as u16 as i16 as i64 as u64,
+                            (4, true) => raw as u32 as i32 as i64 as u64,
+                            _ => raw,
+                        };
+                        plain(v)
+                    }
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// Runs one argument. With `dest` (the argument's fixed slot in
+    /// `area.out`) it stores; without, it returns the string bytes needed.
+    fn exec(
+        &self,
+        a: &ArgDef,
+        ctx: &dyn FetchContext,
+        dest: Option<usize>,
+        mut area: Option<&mut DynArea<'_>>,
+    ) -> usize {
+        let code = &a.code;
+        let mut i = 0;
+        while matches!(code.get(i), Some(Insn::SymbolPlaceholder)) {
+            i += 1;
+        }
+        let Some(mut val) = code.get(i).and_then(|insn| self.load(insn, ctx)) else {
+            return 0;
+        };
+        i += 1;
+        let mut lval = val.v;
+        // Stage 2: dereferences.
+        let mut deref_at = None;
+        while let Some(Insn::Deref { offset, user }) = code.get(i) {
+            lval = val.v;
+            let mut w = [0u8; 8];
+            if !ctx.read(val.v.wrapping_add(*offset as u64), &mut w, *user) {
+                return 0;
+            }
+            val = Val {
+                v: u64::from_le_bytes(w),
+                local: None,
+            };
+            deref_at = Some(i);
+            i += 1;
+        }
+        let s3 = i;
+        let count = match code.iter().rev().nth(1) {
+            Some(Insn::LpArray(n)) => *n as usize,
+            _ => 1,
+        };
+        let mut total = 0;
+        let mut dest = dest;
+        for elem in 0..count {
+            if elem > 0 && a.ty.is_string() {
+                // Next string pointer: re-run the last dereference one word on.
+                lval = lval.wrapping_add(8);
+                val = Val {
+                    v: lval,
+                    local: None,
+                };
+                if let Some(d) = deref_at {
+                    if let Insn::Deref { offset, user } = code[d] {
+                        let mut w = [0u8; 8];
+                        if !ctx.read(val.v.wrapping_add(offset as u64), &mut w, user) {
+                            break;
+                        }
+                        val.v = u64::from_le_bytes(w);
+                    }
+                }
+            }
+            let n = self.store(&code[s3], a.ty, val, ctx, dest, area.as_deref_mut());
+            total += n;
+            if let (Some(d), Some(Insn::ModBitfield { .. })) = (dest, code.get(s3 + 1)) {
+                if let Some(ar) = area.as_deref_mut() {
+                    apply_bitfield(&code[s3 + 1], &mut ar.out[d..]);
+                }
+            }
+            if !a.ty.is_string() {
+                val.v = val.v.wrapping_add(a.ty.size() as u64);
+            }
+            dest = dest.map(|d| d + a.ty.size());
+        }
+        total
+    }
+
+    /// Stage 3 for one element; returns string bytes consumed.
+    fn store(
+        &self,
+        insn: &Insn,
+        ty: FetchType,
+        val: Val<'_>,
+        ctx: &dyn FetchContext,
+        dest: Option<usize>,
+        area: Option<&mut DynArea<'_>>,
+    ) -> usize {
+        let size = ty.size();
+        match insn {
+            Insn::StRaw(n) => {
+                if let (Some(d), Some(ar)) = (dest, area) {
+                    le_store(&mut ar.out[d..d + *n as usize], val.v);
+                }
+                0
+            }
+            Insn::StMem { offset, size, user } => {
+                if let (Some(d), Some(ar)) = (dest, area) {
+                    let slot = &mut ar.out[d..d + *size as usize];
+                    if !ctx.read(val.v.wrapping_add(*offset as u64), slot, *user) {
+                        slot.fill(0);
+                    }
+                }
+                0
+            }
+            Insn::StString { offset, user } => {
+                let src_local = val.local.filter(|_| *offset == 0);
+                let addr = val.v.wrapping_add(*offset as u64);
+                match (dest, area) {
+                    (Some(d), Some(ar)) => {
+                        let start = ar.pos;
+                        let room = (ar.out.len() - start).min(MAX_STRING_SIZE);
+                        let buf = &mut ar.out[start..start + room];
+                        let len = if room == 0 {
+                            0
+                        } else {
+                            let copied = match src_local {
+                                Some(l) => {
+                                    let n = l.iter().position(|&c| c == 0).unwrap_or(l.len());
+                                    let n = n.min(room);
+                                    buf[..n].copy_from_slice(&l[..n]);
+                                    Some(n)
+                                }
+                                None => ctx.read_str(addr, buf, *user),
+                            };
+                            match copied {
+                                Some(n) if n >= room => {
+                                    buf[room - 1] = 0;
+                                    room
+                                }
+                                Some(n) => {
+                                    buf[n] = 0;
+                                    n + 1
+                                }
+                                None => 0,
+                            }
+                        };
+                        let dl =
+                            ((len as u32) << 16) | ((COMMON_HEADER_SIZE + start) as u32 & 0xffff);
+                        ar.out[d..d + size].copy_from_slice(&dl.to_le_bytes());
+                        ar.pos += len;
+                        len
+                    }
+                    _ => match src_local {
+                        Some(l) => {
+                            l.iter()
+                                .position(|&c| c == 0)
+                                .unwrap_or(l.len())
+                                .min(MAX_STRING_SIZE - 1)
+                                + 1
+                        }
+                        None => string_len(ctx, addr, *user),
+                    },
+                }
+            }
+            Insn::StSymStr => {
+                let mut tmp = [0u8; 256];
+                let mut w = SliceWriter {
+                    buf: &mut tmp,
+                    len: 0,
+                };
+                match self
+                    .inventory
+                    .as_ref()
+                    .and_then(|inv| inv.lookup(val.v as usize))
+                {
+                    Some((sym, off)) => {
+                        let _ = write!(w, "{}+{:#x}/{:#x}", sym.name, off, sym.size);
+                    }
+                    None => {
+                        let _ = write!(w, "{:#x}", val.v);
+                    }
+                }
+                let n = w.len.min(tmp.len() - 1);
+                match (dest, area) {
+                    (Some(d), Some(ar)) => {
+                        let start = ar.pos;
+                        let room = ar.out.len() - start;
+                        let len = if room == 0 {
+                            0
+                        } else {
+                            let k = n.min(room - 1);
+                            ar.out[start..start + k].copy_from_slice(&tmp[..k]);
+                            ar.out[start + k] = 0;
+                            k + 1
+                        };
+                        let dl =
+                            ((len as u32) << 16) | ((COMMON_HEADER_SIZE + start) as u32 & 0xffff);
+                        ar.out[d..d + 4].copy_from_slice(&dl.to_le_bytes());
+                        ar.pos += len;
+                        len
+                    }
+                    _ => n + 1,
+                }
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// `strnlen` of a string in memory, NUL included; 0 on a fault.
+fn string_len(ctx: &dyn FetchContext, addr: u64, user: bool) -> usize {
+    let mut chunk = [0u8; 64];
+    let mut total = 0;
+    while total < MAX_STRING_SIZE {
+        let want = chunk.len().min(MAX_STRING_SIZE - total);
+        match ctx.read_str(addr.wrapping_add(total as u64), &mut chunk[..want], user) {
+            None => return if total == 0 { 0 } else { total + 1 },
+            Some(n) if n < want => return total + n + 1,
+            Some(n) => total += n,
+        }
+    }
+    MAX_STRING_SIZE
+}
+
+fn apply_bitfield(insn: &Insn, slot: &mut [u8]) {
+    if let Insn::ModBitfield {
+        basesize,
+        lshift,
+        rshift,
+    } = *insn
+    {
+        let n = basesize as usize;
+        let bits = (n * 8) as u32;
+        let v = le_load(&slot[..n]);
+        let mask = if bits == 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        let v = ((v << lshift) & mask) >> rshift;
+        le_store(&mut slot[..n], v);
+    }
+}
+
+impl Program {
+    /// Appends ` name=value` for every argument of `record` (the whole
+    /// record, common header included), as `trace_probe_print_args`.
+    /// `inventory` resolves `symbol` arguments (`%pS`).
+    pub fn print_args(&self, record: &[u8], inventory: Option<&Inventory>, out: &mut String) {
+        let base = COMMON_HEADER_SIZE + self.header;
+        for a in self.args.iter() {
+            let _ = write!(out, " {}=", a.name);
+            let start = base + a.offset;
+            let n = a.count.max(1) as usize;
+            if a.count > 0 {
+                out.push('{');
+            }
+            for j in 0..n {
+                let at = start + j * a.ty.size();
+                print_value(a.ty, record, at, inventory, out);
+                if a.count > 0 {
+                    out.push(if j + 1 == n { '}' } else { ',' });
+                }
+            }
+        }
+    }
+
+    /// The whole trace line body as the kernel prints it:
+    /// `name: (vfs_read+0x4/0x340) count=1`, `name: (caller+0x75/0x100 <- vfs_read) arg1=1`,
+    /// `name: (sched.sched_switch) prev=1`.
+    pub fn print_event(
+        &self,
+        def: &ProbeDefinition,
+        record: &[u8],
+        inventory: Option<&Inventory>,
+        out: &mut String,
+    ) {
+        let word = |at: usize| record.get(at..at + 8).map_or(0, le_load) as usize;
+        let sym = |addr: usize, offset: bool, out: &mut String| match inventory {
+            Some(inv) => inv.write_sym(out, addr, offset),
+            None => {
+                let _ = write!(out, "0x{addr:08x}");
+            }
+        };
+        let _ = write!(out, "{}: (", def.event);
+        match self.kind {
+            ProbeKind::Eprobe => {
+                let _ = write!(out, "{}.{}", def.target_system, def.target);
+            }
+            k if k.is_return() => {
+                sym(word(COMMON_HEADER_SIZE + 8), true, out);
+                out.push_str(" <- ");
+                sym(word(COMMON_HEADER_SIZE), false, out);
+            }
+            _ => sym(word(COMMON_HEADER_SIZE), true, out),
+        }
+        out.push(')');
+        self.print_args(record, inventory, out);
+    }
+}
+
+fn print_value(ty: FetchType, rec: &[u8], at: usize, inv: Option<&Inventory>, out: &mut String) {
+    let size = ty.size();
+    let Some(raw) = rec.get(at..at + size) else {
+        out.push_str("(fault)");
+        return;
+    };
+    let v = le_load(raw);
+    let _ = match ty {
+        FetchType::U(_) => write!(out, "{v}"),
+        FetchType::S(n) => {
+            let s = match n {
+                1 => v as u8 as i8 as i64,
+                2 => v as u16 as i16 as i64,
+                4 => v as u32 as i32 as i64,
+                _ => v as i64,
+            };
+            write!(out, "{s}")
+        }
+        FetchType::X(_) => write!(out, "0x{v:x}"),
+        FetchType::Char => write!(out, "'{}'", char::from(v as u8)),
+        FetchType::Symbol => match inv {
+            Some(inv) => write!(out, "{}", inv.format_sym_off(v as usize)),
+            None => write!(out, "{v:#x}"),
+        },
+        FetchType::String | FetchType::UString | FetchType::SymStr => {
+            let dl = v as u32;
+            let (len, off) = ((dl >> 16) as usize, (dl & 0xffff) as usize);
+            match rec.get(off..off + len) {
+                Some(s) if len > 0 => {
+                    let s = &s[..s.iter().position(|&c| c == 0).unwrap_or(s.len())];
+                    write!(out, "\"{}\"", String::from_utf8_lossy(s))
+                }
+                _ => write!(out, "(fault)"),
+            }
+        }
+    };
+}
