@@ -76,14 +76,24 @@ impl Demo {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(l)) if l.contains("serves its tracefs at") => break,
-                Some(Ok(_)) => {}
-                _ => panic!("demo exited before serving"),
+        // Ready when its socket appears (the demo's own wording may change).
+        let socket = scratch.sock().join(format!("{}.sock", child.id()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            if let Some(st) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                panic!("demo exited {st} before serving: {err}");
             }
+            assert!(Instant::now() < deadline, "the demo never served");
+            std::thread::sleep(Duration::from_millis(20));
         }
+        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
         std::thread::spawn(move || for _ in lines {});
         let pid = child.id().to_string();
         Demo { child, pid }
