@@ -212,7 +212,7 @@ fn parse_event_name(s: &str, offset: usize) -> Result<(Option<String>, Option<St
         if sl + 1 > MAX_EVENT_NAME_LEN {
             return Err(ArgError::new(E::GROUP_TOO_LONG, offset));
         }
-        if !is_good_identifier(&s[..sl]) {
+        if !is_good_system_name(&s[..sl]) {
             return Err(ArgError::new(E::BAD_GROUP_NAME, offset));
         }
         group = Some(s[..sl].to_owned());
@@ -232,6 +232,15 @@ fn parse_event_name(s: &str, offset: usize) -> Result<(Option<String>, Option<St
         return Err(ArgError::new(E::BAD_EVENT_NAME, offset));
     }
     Ok((group, Some(event.to_owned())))
+}
+
+/// Group names may also contain `-` (`is_good_system_name`).
+fn is_good_system_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && !b[0].is_ascii_digit()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
 }
 
 /// The default-name rule (see the module docs).

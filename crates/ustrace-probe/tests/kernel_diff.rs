@@ -1,0 +1,282 @@
+//! Differential test against the running kernel's uprobe events, which share
+//! the fetch-argument parser with fprobes and eprobes.
+//!
+//! Each case becomes `p:ustrace_probe_diff/evN /bin/true:0x1000 ARGS` (or a
+//! variation of the head), written to `/sys/kernel/tracing/uprobe_events`.
+//! Accepted events are removed again at once with `-:`; nothing else in the
+//! tracing state is touched (the kernel appends to the global `error_log`,
+//! which is how it reports the error we compare). For every case the test
+//! compares acceptance, errno, the error message and the caret column, and
+//! for accepted ones the line `uprobe_events` shows against our
+//! `canonical()`. Known, explained disagreements are listed in `EXPLAINED`.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+
+use ustrace_probe::{parse_command, DynCommand, NoEnv};
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+const GROUP: &str = "ustrace_probe_diff";
+
+/// Argument lists (after the probe point) and whole-line variations.
+fn cases() -> Vec<String> {
+    let args: &[&str] = &[
+        // accepted forms
+        "%di", "%ax %bx %cx %dx %si %di %bp %sp %ip %flags %r8 %r15 %orig_ax %cs %ss",
+        "$stack", "$stack0", "$stack12", "$comm", "$COMM", "$comm:string", "@0x1000",
+        "@4096:u32", "@+0x10", "@+16:string", "+0(%di)", "-8(%si):s32", "+u8(%di):u16",
+        "+0(+8(%di)):x8", "+0(+0(+0(+0(%di))))", "+0(%di):string", "+0(%di):ustring",
+        "+u0(%di):string", "\\1", "\\0x10:u8", "\\-1:s8", "\\+5", "\\\"abc\"", "\\\"x\":string",
+        "a=%di b=%si", "x=+0(%di):u8[4]", "y=+0(%di):string[2]", "+0(%di):b3@2/32",
+        "+0(%di):b8@0/8", "+0(%di):char", "+0(%di):x64[64]", "_n=%di", "%di:s64 %si:u8",
+        "\\1:x16", "+0x10(%sp):u64", "-0x10(%sp)", "+0(%di)trailing", "+8(%di)xyz:u16",
+        "n0123456789012345678901234567890=%di", "+010(%di)", "@010",
+        // errors
+        "$foo", "$", "$stack-1", "$stackx", "$stack1x", "$retval", "$arg1", "x=$arg1",
+        "$arg*", "$arg0", "$argx", "%xx", "%eax", "%ds", "%", "@", "@1x", "@0xzz",
+        "@+x", "@+", "@sym", "@sym+8", "\\", "\\x", "\\1x", "\\-", "\\\"abc", "\\\"",
+        "+(%di)", "+x(%di)", "+0%di", "+0(%di", "+0(+0(%di)", "+0($comm)",
+        "+0(\\\"x\")", "+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(%di)))))))))))))))",
+        "+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(%di))))))))))))))",
+        "+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(%di)))))))))))))",
+        "+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(%di))))))))))))):u8[2]",
+        "#x", "1", "foo", "_x", "&x", "%di:u32[", "%di:u32[4", "+0(%di):u32[4]x",
+        "+0(%di):u32[0]", "+0(%di):u32[x]", "+0(%di):u32[65]", "+0(%di):u32[64]",
+        "%di:u32[2]", "%di:xx", "%di:", "%di:u128", "%di:symbol", "%di:symstr",
+        "%di:string", "\\1:string", "$comm:u32", "$comm:string[2]", "\\\"a\":x8",
+        "%di:b0@0/32", "%di:b3@/32", "%di:b3@2", "%di:b3@30/32", "%di:b3@2/31",
+        "%di:bx", "%di:%pd", "abcdefghijabcdefghijabcdefghijabc=%di", "=%di", "1a=%di",
+        "a-b=%di", "a=", "a=%di a=%si", "__probe_ip=%di", "common_pid=%di",
+        "+0(%di):x64[64] +0(%di):x64[64] +0(%di):x64[64] +0(%di):x64[64] +0(%di):x64[64] +0(%di):x64[64] +0(%di):x64[64]",
+        "+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(+0(%di))))))))))))))xyzxyzxyzxyzxyzxyzxyz",
+        "+0(%di):string:x", "+u0(%di):x8", "-u8(%di)", "+0u(%di)", "%di=x",
+        "+0(%di):symstr", "$comm:ustring", "+0(@0x10):string",
+    ];
+    let mut out: Vec<String> = args
+        .iter()
+        .map(|a| format!("p:{GROUP}/ev /bin/true:0x1000 {a}"))
+        .collect();
+    // Heads.
+    for h in [
+        "p:{G}/ev /bin/true:0x1000%return",
+        "r:{G}/ev /bin/true:0x1000 $retval",
+        "p:{G}/ev /bin/true:0x1000%ret",
+        "p:{G}/ev /bin/true:0x10zz",
+        "p:{G}/ev /nonexistent/bin/x:0x1000",
+        "p:{G}/ev /bin:0x1000",
+        "p:/ev /bin/true:0x1000",
+        "p:{G}/ /bin/true:0x1000",
+        "p:{G}/1ev /bin/true:0x1000",
+        "p:{G}/e-v /bin/true:0x1000",
+        "p:{G}/evevevevevevevevevevevevevevevevevevevevevevevevevevevevevevevev /bin/true:0x1000",
+        "p:gr-p/ev /bin/true:0x1000",
+        "p:-gr/ev /bin/true:0x1000",
+        "p:1gr/ev /bin/true:0x1000",
+        "p:g.r/ev /bin/true:0x1000",
+        "p:ggggggggggggggggggggggggggggggggggggggggggggggggggggggggggggggggg/ev /bin/true:0x1000",
+        "p: /bin/true:0x1000",
+        "x:{G}/ev /bin/true:0x1000",
+        "p:{G}/ev",
+        "p:{G}.ev /bin/true:0x1000 %di",
+    ] {
+        out.push(h.replace("{G}", GROUP));
+    }
+    let many: Vec<String> = (0..129).map(|i| format!("a{i}=%di")).collect();
+    out.push(format!("p:{GROUP}/ev /bin/true:0x1000 {}", many.join(" ")));
+    out
+}
+
+/// Disagreements we understand, by the argument text that triggers them.
+const EXPLAINED: &[(&str, &str)] = &[];
+
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Accepted(String),
+    Rejected {
+        errno: i32,
+        message: String,
+        caret: Option<usize>,
+    },
+}
+
+fn kernel_outcome(line: &str) -> Outcome {
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(format!("{TRACEFS}/uprobe_events"))
+        .expect("open uprobe_events");
+    let before = fs::read_to_string(format!("{TRACEFS}/uprobe_events")).unwrap_or_default();
+    match f.write_all(format!("{line}\n").as_bytes()) {
+        Ok(()) => {
+            let listing =
+                fs::read_to_string(format!("{TRACEFS}/uprobe_events")).unwrap_or_default();
+            let created: Vec<&str> = listing
+                .lines()
+                .filter(|l| !before.lines().any(|b| b == *l))
+                .collect();
+            let mut format = String::new();
+            if let Some(l) = created.first() {
+                let name = l.split_whitespace().next().unwrap_or("");
+                let ev = name.split_once(':').map_or("", |x| x.1);
+                format =
+                    fs::read_to_string(format!("{TRACEFS}/events/{ev}/format")).unwrap_or_default();
+            }
+            // Remove exactly what this write created.
+            for l in &created {
+                let name = l.split_whitespace().next().unwrap_or("");
+                let ev = name.split_once(':').map_or("", |x| x.1);
+                let mut g = OpenOptions::new()
+                    .append(true)
+                    .open(format!("{TRACEFS}/uprobe_events"))
+                    .expect("open uprobe_events");
+                g.write_all(format!("-:{ev}\n").as_bytes())
+                    .expect("remove the event just created");
+            }
+            Outcome::Accepted(format!(
+                "{}\n{}",
+                created.first().copied().unwrap_or(""),
+                format_tail(&format)
+            ))
+        }
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(0);
+            let log = fs::read_to_string(format!("{TRACEFS}/error_log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
+            let mut message = String::new();
+            let mut caret = None;
+            if lines.len() >= 3 {
+                let n = lines.len();
+                if lines[n - 2] == format!("  Command: {command}") {
+                    let m = lines[n - 3];
+                    if let Some(p) = m.find("error: ") {
+                        message = m[p + 7..].to_owned();
+                    }
+                    caret = lines[n - 1].find('^').map(|c| c - "  Command: ".len());
+                }
+            }
+            Outcome::Rejected {
+                errno,
+                message,
+                caret,
+            }
+        }
+    }
+}
+
+/// The probe's own fields and print fmt from a kernel `format` file (after
+/// the common fields' blank line).
+fn format_tail(format: &str) -> String {
+    let mut out = String::new();
+    let mut past_common = false;
+    for l in format.lines() {
+        if l.is_empty() && !past_common {
+            past_common = true;
+            continue;
+        }
+        if past_common {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn our_outcome(line: &str) -> Outcome {
+    match parse_command(line, &NoEnv) {
+        Ok(DynCommand::Create(d)) => {
+            let p = d.compile(None);
+            let mut tail = String::new();
+            for f in p.fields() {
+                // The kernel's format file prints a probe array field as
+                // `u8 x[]`: its type string is `u8[4]` but the field has no
+                // recorded length, so `f_show` writes empty brackets.
+                let (base, dims) = match (f.c_type.starts_with("__data_loc"), f.c_type.find('[')) {
+                    (false, Some(b)) => (&f.c_type[..b], "[]"),
+                    _ => (&f.c_type[..], ""),
+                };
+                tail.push_str(&format!(
+                    "\tfield:{base} {}{dims};\toffset:{};\tsize:{};\tsigned:{};\n",
+                    f.name,
+                    f.offset,
+                    f.size,
+                    u8::from(f.signed)
+                ));
+            }
+            tail.push_str(&format!("\nprint fmt: {}\n", p.print_fmt()));
+            Outcome::Accepted(format!("{}\n{tail}", d.canonical()))
+        }
+        Ok(other) => Outcome::Accepted(format!("{other:?}")),
+        Err(e) => Outcome::Rejected {
+            errno: e.errno.code(),
+            message: e.message().to_owned(),
+            caret: e.id.map(|_| e.caret()),
+        },
+    }
+}
+
+fn usable() -> bool {
+    let path = format!("{TRACEFS}/uprobe_events");
+    OpenOptions::new().append(true).open(&path).is_ok() && fs::metadata("/bin/true").is_ok()
+}
+
+#[test]
+fn uprobe_events_agree_with_the_kernel() {
+    if !usable() {
+        eprintln!("skipped: {TRACEFS}/uprobe_events is not writable (needs root and tracefs)");
+        return;
+    }
+    let before = fs::read_to_string(format!("{TRACEFS}/uprobe_events")).unwrap_or_default();
+    assert!(
+        !before.contains(GROUP),
+        "left-over {GROUP} events from an earlier run"
+    );
+    let mut agree = 0;
+    let mut with_log = 0;
+    let mut explained = 0;
+    let mut unexplained = Vec::new();
+    let all = cases();
+    for line in &all {
+        let k = kernel_outcome(line);
+        let o = our_outcome(line);
+        let same = match (&k, &o) {
+            (Outcome::Accepted(ks), Outcome::Accepted(os)) => ks == os,
+            (
+                Outcome::Rejected {
+                    errno: ke,
+                    message: km,
+                    caret: kc,
+                },
+                Outcome::Rejected {
+                    errno: oe,
+                    message: om,
+                    caret: oc,
+                },
+            ) => ke == oe && (km.is_empty() || km == om) && (kc.is_none() || kc == oc),
+            _ => false,
+        };
+        if let Outcome::Rejected { caret: Some(_), .. } = k {
+            with_log += 1;
+        }
+        if same {
+            agree += 1;
+        } else if let Some((_, why)) = EXPLAINED.iter().find(|(t, _)| line.contains(t)) {
+            explained += 1;
+            eprintln!("explained: {line}\n  kernel: {k:?}\n  ours:   {o:?}\n  why: {why}");
+        } else {
+            unexplained.push(format!("{line}\n  kernel: {k:?}\n  ours:   {o:?}"));
+        }
+    }
+    let after = fs::read_to_string(format!("{TRACEFS}/uprobe_events")).unwrap_or_default();
+    assert_eq!(before, after, "uprobe_events must be left as found");
+    eprintln!(
+        "kernel agreement: {agree}/{} ({:.1}%), {explained} explained disagreements; \
+         {with_log} rejections compared with their error_log entry",
+        all.len(),
+        100.0 * agree as f64 / all.len() as f64
+    );
+    assert!(
+        unexplained.is_empty(),
+        "unexplained disagreements:\n{}",
+        unexplained.join("\n")
+    );
+}
