@@ -17,6 +17,7 @@
 //! - [`output`]: kernel-identical text output.
 
 pub mod event;
+pub mod filter;
 pub mod marker;
 pub mod options;
 pub mod output;
@@ -27,6 +28,7 @@ pub mod thread;
 pub mod trace;
 pub mod tracefs;
 pub mod tracepoint;
+pub mod trigger;
 
 pub use event::FixedStr;
 pub use tracefs::{tracefs, TraceFs};

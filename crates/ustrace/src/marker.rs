@@ -26,25 +26,20 @@ pub fn write(instance: &Instance, data: &[u8]) -> Result<usize, Errno> {
     let text = &data[..take];
     let needs_newline = !text.ends_with(b"\n");
     let len = 16 + text.len() + usize::from(needs_newline) + 1;
-    let pid = crate::thread::current_tid(&instance.shared.record_cmd);
-    let Some(mut slot) = buffer.reserve(len) else {
-        // Dropped and counted by the buffer, as the kernel's full buffer would.
-        return Ok(take);
+    let Some(file) = instance.file(MARKER_ID) else {
+        return Err(Errno::ENODEV);
     };
-    let record: &mut [u8] = &mut slot;
-    record[0..2].copy_from_slice(&MARKER_ID.0.to_ne_bytes());
-    record[2] = 0;
-    record[3] = 0;
-    record[4..8].copy_from_slice(&pid.to_ne_bytes());
     let ip = write as fn(&Instance, &[u8]) -> Result<usize, Errno> as usize as u64;
-    record[8..16].copy_from_slice(&ip.to_ne_bytes());
-    record[16..16 + text.len()].copy_from_slice(text);
-    let mut end = 16 + text.len();
-    if needs_newline {
-        record[end] = b'\n';
-        end += 1;
-    }
-    record[end] = 0;
-    slot.commit();
+    // A full buffer drops the event and counts it, as the kernel's would.
+    file.record_always(len, |record| {
+        record[8..16].copy_from_slice(&ip.to_ne_bytes());
+        record[16..16 + text.len()].copy_from_slice(text);
+        let mut end = 16 + text.len();
+        if needs_newline {
+            record[end] = b'\n';
+            end += 1;
+        }
+        record[end] = 0;
+    });
     Ok(take)
 }

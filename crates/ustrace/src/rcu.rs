@@ -254,6 +254,66 @@ pub fn synchronize() {
     full_barrier_on_all_threads();
 }
 
+/// A value published for readers on the hot path and replaced by writers, RCU-style.
+///
+/// Readers borrow it inside a [`ReadGuard`]; [`RcuCell::replace`] publishes a new value and
+/// frees the old one after a grace period, so it must not be called inside a read section.
+pub struct RcuCell<T> {
+    ptr: std::sync::atomic::AtomicPtr<T>,
+    /// Owns a `T`: Send and Sync only as `T` is.
+    _owns: std::marker::PhantomData<Box<T>>,
+}
+
+impl<T: Send + Sync> Default for RcuCell<T> {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
+impl<T: Send + Sync> RcuCell<T> {
+    pub const fn empty() -> Self {
+        RcuCell {
+            ptr: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+            _owns: std::marker::PhantomData,
+        }
+    }
+
+    /// The current value, valid while `guard` is held.
+    #[inline(always)]
+    pub fn get<'g>(&self, _guard: &'g ReadGuard) -> Option<&'g T> {
+        let ptr = self.ptr.load(Ordering::Acquire);
+        // SAFETY: a published value is freed only after a grace period, which cannot end
+        // while `guard`'s section is open.
+        unsafe { ptr.as_ref() }
+    }
+
+    /// Publishes `value` (or nothing) and frees the previous value once no reader can see it.
+    pub fn replace(&self, value: Option<T>) {
+        let fresh = value.map_or(std::ptr::null_mut(), |v| Box::into_raw(Box::new(v)));
+        let old = self.ptr.swap(fresh, Ordering::AcqRel);
+        if !old.is_null() {
+            synchronize();
+            // SAFETY: unpublished before the grace period that just ended; nobody else frees it.
+            drop(unsafe { Box::from_raw(old) });
+        }
+    }
+
+    /// Whether a value is published.
+    pub fn is_set(&self) -> bool {
+        !self.ptr.load(Ordering::Acquire).is_null()
+    }
+}
+
+impl<T> Drop for RcuCell<T> {
+    fn drop(&mut self) {
+        let ptr = *self.ptr.get_mut();
+        if !ptr.is_null() {
+            // SAFETY: `&mut self` means no reader holds the cell any more.
+            drop(unsafe { Box::from_raw(ptr) });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
 use ustrace_ringbuf::{Config, RingBuffer};
 
-use crate::trace::Instance;
+use crate::trace::{Instance, Shared};
 use crate::tracefs::files::{parse_ulong, TextFile};
 
 const NOT_ALLOCATED: &str = "# *** SNAPSHOT NOT ALLOCATED ***\n";
@@ -23,7 +23,11 @@ const HELP: &str = "\
 ";
 
 fn render(instance: &Instance) -> String {
-    let guard = instance.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = instance
+        .shared
+        .snapshot
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let Some(snapshot) = guard.as_ref() else {
         return format!("{NOT_ALLOCATED}{HELP}");
     };
@@ -36,36 +40,51 @@ fn render(instance: &Instance) -> String {
     out
 }
 
+/// Allocates the snapshot buffer if there is none, shaped like the live one.
+pub(crate) fn allocate(shared: &Shared) -> Result<(), Errno> {
+    let mut guard = shared.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.is_none() {
+        let live = &shared.buffer;
+        *guard = Some(
+            RingBuffer::new(Config {
+                nr_cpus: live.nr_cpus(),
+                size_per_cpu: live.size_per_cpu(),
+                overwrite: live.overwrite(),
+                clock: live.clock(),
+                name: "snapshot".into(),
+            })
+            .map_err(|_| Errno::ENOMEM)?,
+        );
+    }
+    Ok(())
+}
+
+/// Takes a snapshot: the snapshot buffer gets what the live one holds, the live one goes on
+/// empty. What `echo 1 > snapshot` and the `snapshot` trigger do.
+pub(crate) fn swap(shared: &Shared) -> Result<(), Errno> {
+    allocate(shared)?;
+    let guard = shared.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+    let snapshot = guard.as_ref().expect("allocated above");
+    snapshot.reset();
+    shared.buffer.swap(snapshot).map_err(|_| Errno::EBUSY)
+}
+
 fn command(instance: &Instance, value: u64) -> Result<(), Errno> {
-    let mut guard = instance.snapshot.lock().unwrap_or_else(|e| e.into_inner());
     match value {
-        0 => *guard = None,
-        1 => {
-            if guard.is_none() {
-                let live = instance.buffer();
-                *guard = Some(
-                    RingBuffer::new(Config {
-                        nr_cpus: live.nr_cpus(),
-                        size_per_cpu: live.size_per_cpu(),
-                        overwrite: live.overwrite(),
-                        clock: live.clock(),
-                        name: format!(
-                            "{}-snapshot",
-                            if instance.name.is_empty() {
-                                "top"
-                            } else {
-                                &instance.name
-                            }
-                        ),
-                    })
-                    .map_err(|_| Errno::ENOMEM)?,
-                );
-            }
-            let snapshot = guard.as_ref().expect("allocated above");
-            snapshot.reset();
-            instance.buffer().swap(snapshot).map_err(|_| Errno::EBUSY)?;
+        0 => {
+            *instance
+                .shared
+                .snapshot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = None
         }
+        1 => swap(&instance.shared)?,
         _ => {
+            let guard = instance
+                .shared
+                .snapshot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             if let Some(snapshot) = guard.as_ref() {
                 snapshot.reset();
             }
@@ -74,9 +93,9 @@ fn command(instance: &Instance, value: u64) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Takes a snapshot now, as `echo 1 > snapshot` and the `snapshot` trigger do.
+/// Takes a snapshot now, as `echo 1 > snapshot` does.
 pub fn take(instance: &Instance) -> Result<(), Errno> {
-    command(instance, 1)
+    swap(&instance.shared)
 }
 
 pub fn open(instance: Arc<Instance>, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {

@@ -17,29 +17,43 @@ use ustrace_ctl::vfs::Errno;
 use ustrace_ringbuf::{clock::Clock, Config, RingBuffer};
 
 use crate::event::{registry, Attachment, Event, EventId};
+use crate::rcu::RcuCell;
 use crate::thread;
 
 /// Default buffer size per CPU, as the kernel's default `buffer_size_kb` (1410 KiB here is
 /// what the kernel shows for its 1.4 MB default; we keep a smaller, round default).
 pub const DEFAULT_BUFFER_KB: usize = 1408;
 
-/// `EventFile::flags` bits.
+/// `EventFile::flags` bits, as the kernel's `EVENT_FILE_FL_*`.
 mod flag {
-    /// Recording is wanted (the `enable` file reads 1).
+    /// The probe is attached.
     pub const ENABLED: u32 = 1 << 0;
-    /// Probes run for triggers but records are not kept (`enable` reads `0*`).
+    /// Attached, but records are not kept (triggers still run).
     pub const SOFT_DISABLED: u32 = 1 << 1;
-    /// Something is attached because of soft mode (triggers of other events).
+    /// Triggers (of this or other events) hold the probe attached.
     pub const SOFT_MODE: u32 = 1 << 2;
+    /// A filter program is published.
+    pub const FILTERED: u32 = 1 << 3;
+    /// The event has triggers.
+    pub const TRIGGER_MODE: u32 = 1 << 4;
+    /// Some trigger has a filter, so triggers run on the built record.
+    pub const TRIGGER_COND: u32 = 1 << 5;
+    /// The instance filters by thread id.
+    pub const PID_FILTER: u32 = 1 << 6;
 }
 
-/// One event in one instance: whether it records, and the probe that records it.
+/// One event in one instance: whether it records, its filter, its triggers.
 pub struct EventFile {
     pub event: Arc<Event>,
     id: u16,
     flags: AtomicU32,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     control: Mutex<Control>,
+    pub(crate) filter: RcuCell<ustrace_filter::Program>,
+    /// What the `filter` file shows; `None` shows `none`.
+    pub(crate) filter_text: Mutex<Option<String>>,
+    pub(crate) triggers: RcuCell<Vec<Arc<crate::trigger::Registered>>>,
+    pub(crate) trigger_list: Mutex<Vec<Arc<crate::trigger::Registered>>>,
 }
 
 #[derive(Default)]
@@ -53,36 +67,182 @@ struct Control {
 pub(crate) struct Shared {
     pub(crate) buffer: RingBuffer,
     pub(crate) record_cmd: AtomicBool,
+    pub(crate) snapshot: Mutex<Option<RingBuffer>>,
+    pub(crate) pids: RcuCell<crate::filter::PidLists>,
+}
+
+impl Shared {
+    /// Whether the calling thread's events are kept out by `set_event_pid`/`_notrace_pid`.
+    fn ignores_current_thread(&self) -> bool {
+        let guard = crate::rcu::read_lock();
+        match self.pids.get(&guard) {
+            Some(lists) => lists.ignores(thread::current_tid(&self.record_cmd)),
+            None => false,
+        }
+    }
+}
+
+/// Largest record built in the per-thread scratch buffer before it is kept.
+const SCRATCH_SIZE: usize = 4096;
+
+thread_local! {
+    /// Where filtered, soft-disabled and conditionally triggered records are built, so a
+    /// record that is not kept never touches the ring buffer (the kernel's buffered event).
+    static SCRATCH: std::cell::RefCell<[u8; SCRATCH_SIZE]> =
+        const { std::cell::RefCell::new([0; SCRATCH_SIZE]) };
 }
 
 impl EventFile {
-    /// Whether the probe should build a record at all: false while soft-disabled.
+    /// Whether the probe should build a record at all. Runs unconditional triggers, and says
+    /// no while soft-disabled or when the thread is filtered out, as the kernel's
+    /// `trace_trigger_soft_disabled` and pid check.
     #[inline(always)]
     pub fn wants_record(&self) -> bool {
-        self.flags.load(Ordering::Relaxed) & flag::SOFT_DISABLED == 0
+        let flags = self.flags.load(Ordering::Relaxed);
+        if flags & (flag::TRIGGER_MODE | flag::SOFT_DISABLED | flag::PID_FILTER) == 0 {
+            return true;
+        }
+        self.wants_record_slow(flags)
     }
 
-    /// Reserves `len` bytes in the instance's buffer, writes the common header, lets `fill`
-    /// write the fields, and commits. No lock, no allocation, no syscall.
+    #[cold]
+    #[inline(never)]
+    fn wants_record_slow(&self, flags: u32) -> bool {
+        if flags & flag::TRIGGER_COND != 0 {
+            // Conditional triggers need the record; the pid filter still applies.
+            return !(flags & flag::PID_FILTER != 0 && self.shared.ignores_current_thread());
+        }
+        if flags & flag::TRIGGER_MODE != 0 {
+            let fired = crate::trigger::evaluate(self, None);
+            crate::trigger::run_actions(self, fired);
+        }
+        if flags & flag::SOFT_DISABLED != 0 {
+            return false;
+        }
+        !(flags & flag::PID_FILTER != 0 && self.shared.ignores_current_thread())
+    }
+
+    /// Writes one record: the common header, then `fill` writes the fields. Unfiltered
+    /// events reserve in the buffer directly; filtered ones are built aside first. No lock,
+    /// no allocation, no syscall.
     #[inline(always)]
     pub fn record(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
+        let flags = self.flags.load(Ordering::Relaxed);
+        if flags & (flag::FILTERED | flag::TRIGGER_COND | flag::SOFT_DISABLED) != 0 {
+            return self.record_checked(len, flags, fill);
+        }
         let pid = thread::current_tid(&self.shared.record_cmd);
         let Some(mut slot) = self.shared.buffer.reserve(len) else {
             return;
         };
         let record: &mut [u8] = &mut slot;
-        record[0..2].copy_from_slice(&self.id.to_ne_bytes());
-        record[2] = 0;
-        record[3] = 0;
-        record[4..8].copy_from_slice(&pid.to_ne_bytes());
+        self.write_header(record, pid);
         fill(record);
         slot.commit();
     }
 
-    /// Whether the event is enabled, as `enable` shows it: `0`, `1`, `0*`, `1*`.
+    /// Records for a producer that is not a probe and is never soft-disabled (`trace_marker`),
+    /// running the event's triggers as a probe would.
+    pub(crate) fn record_always(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
+        let mut flags = self.flags.load(Ordering::Relaxed) & !flag::SOFT_DISABLED;
+        if flags & flag::TRIGGER_MODE != 0 {
+            // The kernel runs the marker's triggers on the reserved entry, so even a
+            // `traceoff` keeps the marker that fired it.
+            flags |= flag::TRIGGER_COND;
+        }
+        if flags & (flag::FILTERED | flag::TRIGGER_COND) != 0 {
+            return self.record_checked(len, flags, fill);
+        }
+        let pid = thread::current_tid(&self.shared.record_cmd);
+        let Some(mut slot) = self.shared.buffer.reserve(len) else {
+            return;
+        };
+        let record: &mut [u8] = &mut slot;
+        self.write_header(record, pid);
+        fill(record);
+        slot.commit();
+    }
+
+    #[inline(always)]
+    fn write_header(&self, record: &mut [u8], pid: i32) {
+        record[0..2].copy_from_slice(&self.id.to_ne_bytes());
+        record[2] = 0;
+        record[3] = 0;
+        record[4..8].copy_from_slice(&pid.to_ne_bytes());
+    }
+
+    /// The record path when a filter or conditional triggers must see the record before it
+    /// is kept: build it in the thread's scratch buffer, decide, copy what is kept.
+    #[inline(never)]
+    fn record_checked(&self, len: usize, flags: u32, fill: impl FnOnce(&mut [u8])) {
+        let pid = thread::current_tid(&self.shared.record_cmd);
+        let mut fill = Some(fill);
+        let built = SCRATCH.try_with(|scratch| {
+            // A signal handler tracing while this thread builds a record finds the scratch
+            // buffer busy and records directly instead.
+            let Ok(mut scratch) = scratch.try_borrow_mut() else {
+                return false;
+            };
+            if len > SCRATCH_SIZE {
+                return false;
+            }
+            let record = &mut scratch[..len];
+            self.write_header(record, pid);
+            (fill.take().expect("fill used once"))(record);
+            let (keep, fired) = self.decide(flags, record);
+            if keep {
+                self.shared.buffer.write(record);
+            }
+            crate::trigger::run_actions(self, fired);
+            true
+        });
+        if built == Ok(true) {
+            return;
+        }
+        let Some(fill) = fill.take() else { return };
+        let Some(mut slot) = self.shared.buffer.reserve(len) else {
+            return;
+        };
+        let record: &mut [u8] = &mut slot;
+        self.write_header(record, pid);
+        fill(record);
+        let (keep, fired) = self.decide(flags, record);
+        if keep {
+            slot.commit();
+        } else {
+            slot.discard();
+        }
+        crate::trigger::run_actions(self, fired);
+    }
+
+    /// Runs conditional triggers on `record`; says whether the record is kept (not
+    /// soft-disabled, passes the filter) and which triggers fired.
+    fn decide(&self, flags: u32, record: &[u8]) -> (bool, u64) {
+        let fired = if flags & flag::TRIGGER_COND != 0 {
+            crate::trigger::evaluate(self, Some(record))
+        } else {
+            0
+        };
+        if flags & flag::SOFT_DISABLED != 0 {
+            return (false, fired);
+        }
+        if flags & flag::FILTERED != 0 {
+            let guard = crate::rcu::read_lock();
+            if let Some(program) = self.filter.get(&guard) {
+                if !crate::filter::matches(program, record) {
+                    return (false, fired);
+                }
+            }
+        }
+        (true, fired)
+    }
+
+    /// The `enable` file's text: `1` when recording, `0` otherwise, `*` in soft mode.
     pub fn enable_text(&self) -> &'static str {
         let flags = self.flags.load(Ordering::Relaxed);
-        match (flags & flag::ENABLED != 0, flags & flag::SOFT_MODE != 0) {
+        let on = flags & flag::ENABLED != 0 && flags & flag::SOFT_DISABLED == 0;
+        let soft = flags & (flag::SOFT_MODE | flag::SOFT_DISABLED) != 0;
+        match (on, soft) {
             (false, false) => "0\n",
             (true, false) => "1\n",
             (false, true) => "0*\n",
@@ -90,11 +250,18 @@ impl EventFile {
         }
     }
 
+    /// Whether the event records (enabled and not soft-disabled).
     pub fn is_enabled(&self) -> bool {
-        self.flags.load(Ordering::Relaxed) & flag::ENABLED != 0
+        let flags = self.flags.load(Ordering::Relaxed);
+        flags & flag::ENABLED != 0 && flags & flag::SOFT_DISABLED == 0
     }
 
-    /// Turns recording on or off (the `enable` file).
+    pub fn is_soft_disabled(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & flag::SOFT_DISABLED != 0
+    }
+
+    /// Turns recording on or off (the `enable` file). Off while triggers hold the event in
+    /// soft mode keeps the probe attached, soft-disabled.
     pub fn set_enabled(self: &Arc<Self>, on: bool) -> Result<(), Errno> {
         let mut control = self.control.lock().unwrap_or_else(|e| e.into_inner());
         if on {
@@ -102,53 +269,100 @@ impl EventFile {
             self.flags.fetch_or(flag::ENABLED, Ordering::Relaxed);
             self.flags
                 .fetch_and(!flag::SOFT_DISABLED, Ordering::Relaxed);
+        } else if control.soft_refs > 0 {
+            self.flags.fetch_or(flag::SOFT_DISABLED, Ordering::Relaxed);
         } else {
-            self.flags.fetch_and(!flag::ENABLED, Ordering::Relaxed);
-            if control.soft_refs > 0 {
-                self.flags.fetch_or(flag::SOFT_DISABLED, Ordering::Relaxed);
-            } else if let Some(attachment) = control.attachment.take() {
+            self.flags
+                .fetch_and(!(flag::ENABLED | flag::SOFT_DISABLED), Ordering::Relaxed);
+            if let Some(attachment) = control.attachment.take() {
                 attachment.detach();
             }
         }
         Ok(())
     }
 
-    /// Holds the event attached without recording (soft mode), for triggers that enable or
-    /// disable it, or that must run while it is off.
+    /// Holds the probe attached for triggers (soft mode); an event that was off stays
+    /// soft-disabled.
     pub fn soft_mode_get(self: &Arc<Self>) -> Result<(), Errno> {
         let mut control = self.control.lock().unwrap_or_else(|e| e.into_inner());
-        self.ensure_attached(&mut control)?;
-        control.soft_refs += 1;
-        self.flags.fetch_or(flag::SOFT_MODE, Ordering::Relaxed);
-        if self.flags.load(Ordering::Relaxed) & flag::ENABLED == 0 {
-            self.flags.fetch_or(flag::SOFT_DISABLED, Ordering::Relaxed);
+        if control.soft_refs == 0 {
+            if self.flags.load(Ordering::Relaxed) & flag::ENABLED == 0 {
+                self.ensure_attached(&mut control)?;
+                self.flags
+                    .fetch_or(flag::ENABLED | flag::SOFT_DISABLED, Ordering::Relaxed);
+            }
+            self.flags.fetch_or(flag::SOFT_MODE, Ordering::Relaxed);
         }
+        control.soft_refs += 1;
         Ok(())
     }
 
-    /// Releases one soft-mode hold; detaches when nothing needs the probe any more.
+    /// Releases one soft-mode hold. When the last goes, an event that was soft-disabled is
+    /// turned off; one that a trigger had enabled stays enabled, as on the kernel.
     pub fn soft_mode_put(&self) {
         let mut control = self.control.lock().unwrap_or_else(|e| e.into_inner());
         control.soft_refs = control.soft_refs.saturating_sub(1);
-        if control.soft_refs == 0 {
+        if control.soft_refs > 0 {
+            return;
+        }
+        let flags = self.flags.fetch_and(!flag::SOFT_MODE, Ordering::Relaxed);
+        if flags & flag::SOFT_DISABLED != 0 {
             self.flags
-                .fetch_and(!(flag::SOFT_MODE | flag::SOFT_DISABLED), Ordering::Relaxed);
-            if self.flags.load(Ordering::Relaxed) & flag::ENABLED == 0 {
-                if let Some(attachment) = control.attachment.take() {
-                    attachment.detach();
-                }
+                .fetch_and(!(flag::ENABLED | flag::SOFT_DISABLED), Ordering::Relaxed);
+            if let Some(attachment) = control.attachment.take() {
+                attachment.detach();
             }
         }
     }
 
-    /// Soft-disables or re-enables recording while staying attached (what an
-    /// `enable_event`/`disable_event` trigger flips).
+    /// What an `enable_event`/`disable_event` trigger flips.
     pub fn set_soft_disabled(&self, disabled: bool) {
         if disabled {
             self.flags.fetch_or(flag::SOFT_DISABLED, Ordering::Relaxed);
         } else {
             self.flags
                 .fetch_and(!flag::SOFT_DISABLED, Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes a filter program (or none) and the text `filter` shows.
+    pub(crate) fn set_filter(
+        &self,
+        program: Option<ustrace_filter::Program>,
+        text: Option<String>,
+    ) {
+        let on = program.is_some();
+        if !on {
+            self.flags.fetch_and(!flag::FILTERED, Ordering::Relaxed);
+        }
+        self.filter.replace(program);
+        if on {
+            self.flags.fetch_or(flag::FILTERED, Ordering::Relaxed);
+        }
+        self.set_filter_text(text);
+    }
+
+    pub(crate) fn set_filter_text(&self, text: Option<String>) {
+        *self.filter_text.lock().unwrap_or_else(|e| e.into_inner()) = text;
+    }
+
+    pub(crate) fn set_trigger_flags(&self, any: bool, conditional: bool) {
+        let set = |bit: u32, on: bool| {
+            if on {
+                self.flags.fetch_or(bit, Ordering::Relaxed);
+            } else {
+                self.flags.fetch_and(!bit, Ordering::Relaxed);
+            }
+        };
+        set(flag::TRIGGER_MODE, any);
+        set(flag::TRIGGER_COND, conditional);
+    }
+
+    fn set_pid_filter(&self, on: bool) {
+        if on {
+            self.flags.fetch_or(flag::PID_FILTER, Ordering::Relaxed);
+        } else {
+            self.flags.fetch_and(!flag::PID_FILTER, Ordering::Relaxed);
         }
     }
 
@@ -159,7 +373,8 @@ impl EventFile {
         Ok(())
     }
 
-    fn detach_all(&self) {
+    fn detach_all(self: &Arc<Self>) {
+        crate::trigger::clear(self);
         let mut control = self.control.lock().unwrap_or_else(|e| e.into_inner());
         self.flags.store(0, Ordering::Relaxed);
         control.soft_refs = 0;
@@ -183,11 +398,14 @@ pub struct Instance {
     pub name: String,
     pub(crate) shared: Arc<Shared>,
     files: RwLock<BTreeMap<EventId, Arc<EventFile>>>,
-    pub(crate) snapshot: Mutex<Option<RingBuffer>>,
+    /// What each `events/SYS/filter` shows, by system.
+    system_filters: Mutex<BTreeMap<String, String>>,
     pub options: crate::options::Options,
     error_log: Mutex<VecDeque<LoggedError>>,
     /// Open readers that make `rmdir` fail with `EBUSY`.
     pub(crate) users: AtomicUsize,
+    /// Serializes changes of the pid lists.
+    pid_lock: Mutex<()>,
 }
 
 impl Instance {
@@ -207,15 +425,18 @@ impl Instance {
         let shared = Arc::new(Shared {
             buffer,
             record_cmd: AtomicBool::new(true),
+            snapshot: Mutex::new(None),
+            pids: RcuCell::empty(),
         });
         let instance = Arc::new(Instance {
             name: name.to_string(),
             shared,
             files: RwLock::new(BTreeMap::new()),
-            snapshot: Mutex::new(None),
+            system_filters: Mutex::new(BTreeMap::new()),
             options: crate::options::Options::new(),
             error_log: Mutex::new(VecDeque::new()),
             users: AtomicUsize::new(0),
+            pid_lock: Mutex::new(()),
         });
         for event in registry().all() {
             instance.add_event(event);
@@ -229,13 +450,19 @@ impl Instance {
 
     /// Gives this instance a file for a newly registered event.
     pub fn add_event(&self, event: Arc<Event>) {
+        let pid_filter = self.shared.pids.is_set();
         let file = Arc::new(EventFile {
             id: event.id.0,
             event: event.clone(),
             flags: AtomicU32::new(0),
             shared: self.shared.clone(),
             control: Mutex::new(Control::default()),
+            filter: RcuCell::empty(),
+            filter_text: Mutex::new(None),
+            triggers: RcuCell::empty(),
+            trigger_list: Mutex::new(Vec::new()),
         });
+        file.set_pid_filter(pid_filter);
         self.files
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -297,6 +524,53 @@ impl Instance {
             log.pop_front();
         }
         log.push_back(LoggedError { text });
+    }
+
+    /// What `events/SYS/filter` shows after the header (`None`: `none`).
+    pub(crate) fn system_filter_text(&self, system: &str) -> Option<String> {
+        self.system_filters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(system)
+            .cloned()
+    }
+
+    pub(crate) fn set_system_filter_text(&self, system: &str, text: Option<String>) {
+        let mut map = self
+            .system_filters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match text {
+            Some(text) => map.insert(system.to_string(), text),
+            None => map.remove(system),
+        };
+    }
+
+    /// The pid lists (`set_event_pid`, `set_event_notrace_pid`).
+    pub fn pids(&self) -> crate::filter::PidLists {
+        let guard = crate::rcu::read_lock();
+        self.shared.pids.get(&guard).cloned().unwrap_or_default()
+    }
+
+    /// Changes the pid lists and tells every event file whether to check them.
+    pub(crate) fn update_pids(&self, change: impl FnOnce(&mut crate::filter::PidLists)) {
+        let _serialize = self.pid_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lists = self.pids();
+        change(&mut lists);
+        let on = !lists.is_empty();
+        if !on {
+            for file in self.files() {
+                file.set_pid_filter(false);
+            }
+        }
+        self.shared
+            .pids
+            .replace(if on { Some(lists) } else { None });
+        if on {
+            for file in self.files() {
+                file.set_pid_filter(true);
+            }
+        }
     }
 
     pub fn error_log_text(&self) -> String {

@@ -130,6 +130,13 @@ pub fn escape_c(text: &str) -> String {
     out
 }
 
+/// The attachment of an event whose records are written by its own producer.
+struct NothingAttached;
+
+impl Attachment for NothingAttached {
+    fn detach(self: Box<Self>) {}
+}
+
 /// The built-in `ftrace:print` event that `trace_marker` writes produce.
 pub(crate) struct MarkerEvent;
 
@@ -164,14 +171,60 @@ impl EventClass for MarkerEvent {
         "\"%ps: %s\", (void *)REC->ip, REC->buf".into()
     }
     fn attach(&self, _file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
-        // Records are written directly by `trace_marker`; the kernel's ftrace events cannot
-        // be enabled either.
-        Err(Errno::EPERM)
+        // Records are written by `trace_marker` itself, so there is nothing to attach; this
+        // lets triggers put the event in soft mode. It has no `enable` file, as on the kernel.
+        Ok(Box::new(NothingAttached))
     }
     fn output_name(&self) -> &str {
         "tracing_mark_write"
     }
     fn display_fmt(&self, _fields: &[FieldDesc]) -> String {
         "\"%s\", REC->buf".into()
+    }
+}
+
+/// The built-in `ftrace:kernel_stack` event that the `stacktrace` trigger writes: the
+/// calling thread's return addresses (ours are user-space stacks, in the kernel's entry).
+pub(crate) struct StackEvent;
+
+impl EventClass for StackEvent {
+    fn system(&self) -> &str {
+        "ftrace"
+    }
+    fn name(&self) -> &str {
+        "kernel_stack"
+    }
+    fn fields(&self) -> Vec<FieldDesc> {
+        vec![
+            FieldDesc {
+                name: "size".into(),
+                c_type: "int".into(),
+                offset: 8,
+                size: 4,
+                signed: true,
+                kind: FieldKind::Int,
+            },
+            FieldDesc {
+                name: "caller".into(),
+                c_type: "unsigned long[8]".into(),
+                offset: 16,
+                size: 64,
+                signed: false,
+                kind: FieldKind::IntArray {
+                    elem_size: 8,
+                    len: 8,
+                },
+            },
+        ]
+    }
+    fn print_fmt(&self, _fields: &[FieldDesc]) -> String {
+        let conversions = "\\t=> %ps\\n".repeat(8);
+        let args: Vec<String> = (0..8)
+            .map(|i| format!("(void *)REC->caller[{i}]"))
+            .collect();
+        format!("\"{conversions}\", {}", args.join(", "))
+    }
+    fn attach(&self, _file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
+        Err(Errno::EPERM)
     }
 }

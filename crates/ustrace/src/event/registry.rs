@@ -7,7 +7,7 @@
 use std::sync::{Arc, OnceLock, RwLock};
 
 use super::field::{common_fields, FieldDesc};
-use super::{EventClass, MarkerEvent, EVENTS};
+use super::{EventClass, MarkerEvent, StackEvent, EVENTS};
 use crate::output::print_fmt::PrintFmt;
 
 /// An event's id: its `common_type` in every record and its `id` file.
@@ -16,6 +16,8 @@ pub struct EventId(pub u16);
 
 /// The id of `ftrace:print`, as the kernel numbers it.
 pub const MARKER_ID: EventId = EventId(5);
+/// The id of `ftrace:kernel_stack` (what the `stacktrace` trigger records), as the kernel's.
+pub const STACK_ID: EventId = EventId(4);
 const FIRST_STATIC_ID: u16 = 1000;
 
 /// A registered event.
@@ -86,7 +88,10 @@ pub struct Registry {
 pub fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
-        let mut events = vec![Event::new(MARKER_ID, Arc::new(MarkerEvent))];
+        let mut events = vec![
+            Event::new(STACK_ID, Arc::new(StackEvent)),
+            Event::new(MARKER_ID, Arc::new(MarkerEvent)),
+        ];
         let mut statics: Vec<_> = EVENTS.iter().copied().collect();
         statics.sort_by_key(|e| (e.system, e.name));
         statics.dedup_by_key(|e| (e.system, e.name));
@@ -175,7 +180,7 @@ impl Registry {
         let mut lines: Vec<String> = self
             .all()
             .iter()
-            .filter(|e| e.id != MARKER_ID)
+            .filter(|e| e.system() != "ftrace")
             .map(|e| format!("{}:{}\n", e.system(), e.name()))
             .collect();
         lines.sort();

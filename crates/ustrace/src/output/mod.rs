@@ -19,7 +19,7 @@ use std::fmt::Write;
 use ustrace_ringbuf::Event as RawEvent;
 
 use crate::event::field::read_int;
-use crate::event::registry::{registry, EventId, MARKER_ID};
+use crate::event::registry::{registry, EventId, MARKER_ID, STACK_ID};
 use crate::trace::Instance;
 
 /// Symbolizes addresses for `%pS`/`%ps` with the process's symbol table.
@@ -146,6 +146,10 @@ pub fn format_event(instance: &Instance, event: &RawEvent, out: &mut String) {
             (event.ts % 1_000_000_000) / 1000
         );
     }
+    if id == STACK_ID {
+        render_stack(instance, record, out);
+        return;
+    }
     match registered {
         Some(ev) => {
             out.push_str(ev.class.output_name());
@@ -162,4 +166,23 @@ pub fn format_event(instance: &Instance, event: &RawEvent, out: &mut String) {
             let _ = writeln!(out, "Unknown type {}", id.0);
         }
     }
+}
+
+/// A stack entry prints as the kernel's: `<stack trace>` and one ` => function` line a frame.
+fn render_stack(instance: &Instance, record: &[u8], out: &mut String) {
+    let count = (read_int(record, 8, 4, true) as i64).clamp(0, 64) as usize;
+    let addrs: Vec<usize> = (0..count)
+        .map_while(|i| record.get(16 + 8 * i..24 + 8 * i))
+        .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")) as usize)
+        .collect();
+    let flags = ustrace_inspect::symbols::SymFlags {
+        offset: instance.options.get("sym-offset"),
+        addr: instance.options.get("sym-addr"),
+    };
+    out.push_str("<stack trace>\n");
+    out.push_str(&ustrace_inspect::stack::format_with_flags(
+        &ustrace_inspect::symbols::inventory(),
+        &addrs,
+        flags,
+    ));
 }

@@ -43,6 +43,8 @@ pub fn tracefs() -> TraceFs {
 /// Files every instance has, with their modes.
 const INSTANCE_FILES: &[(&str, u32)] = &[
     ("available_tracers", 0o444),
+    ("set_event_notrace_pid", 0o644),
+    ("set_event_pid", 0o644),
     ("buffer_size_kb", 0o644),
     ("buffer_total_size_kb", 0o444),
     ("current_tracer", 0o644),
@@ -98,7 +100,10 @@ enum File {
     HeaderPage,
     HeaderEvent,
     SystemEnable(Arc<Instance>, String),
+    SystemFilter(Arc<Instance>, String),
     EventEnable(Arc<EventFile>),
+    EventFilter(Arc<Instance>, Arc<EventFile>),
+    EventTrigger(Arc<Instance>, Arc<EventFile>),
     EventFormat(Arc<EventFile>),
     EventId(Arc<EventFile>),
     Cpu(Arc<Instance>, usize, &'static str),
@@ -158,9 +163,23 @@ fn resolve_in(instance: Arc<Instance>, parts: &[&str], top: bool) -> Result<Node
                 ["enable"] if *system != "ftrace" => {
                     Node::File(File::SystemEnable(instance.clone(), system.to_string()))
                 }
+                ["filter"] if *system != "ftrace" => {
+                    Node::File(File::SystemFilter(instance.clone(), system.to_string()))
+                }
                 [name] => Node::Dir(Dir::Event(event(name)?)),
                 [name, "enable"] if *system != "ftrace" => {
                     Node::File(File::EventEnable(event(name)?))
+                }
+                [name, "filter"] if *system != "ftrace" => {
+                    Node::File(File::EventFilter(instance.clone(), event(name)?))
+                }
+                [name, "trigger"] => {
+                    let file = event(name)?;
+                    // Of the ftrace events only `print` takes triggers (trace_marker writes).
+                    if *system == "ftrace" && file.event.name() != "print" {
+                        return Err(Errno::ENOENT);
+                    }
+                    Node::File(File::EventTrigger(instance.clone(), file))
                 }
                 [name, "format"] => Node::File(File::EventFormat(event(name)?)),
                 [name, "id"] => Node::File(File::EventId(event(name)?)),
@@ -283,6 +302,7 @@ impl FileSystem for TraceFs {
             Dir::System(instance, system) => {
                 if system != "ftrace" {
                     entries.push(file("enable"));
+                    entries.push(file("filter"));
                 }
                 for f in instance
                     .files()
@@ -293,10 +313,14 @@ impl FileSystem for TraceFs {
                 }
             }
             Dir::Event(event_file) => {
-                if event_file.event.system() != "ftrace" {
-                    entries.push(file("enable"));
+                let ftrace = event_file.event.system() == "ftrace";
+                if !ftrace {
+                    entries.extend(["enable", "filter"].map(file));
                 }
                 entries.extend(["format", "id"].map(file));
+                if !ftrace || event_file.event.name() == "print" {
+                    entries.push(file("trigger"));
+                }
             }
             Dir::Instances => {
                 entries.extend(tracing().instance_names().iter().map(|n| dir_entry(n)));
@@ -397,6 +421,29 @@ fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
             event_file.enable_text(),
             Box::new(move |data| {
                 event_file.set_enabled(parse_bool(data)?)?;
+                Ok(data.len())
+            }),
+        ),
+        File::SystemFilter(instance, system) => rw(
+            crate::filter::system_text(&instance, &system),
+            Box::new(move |data| {
+                crate::filter::write_system(&instance, &system, text_arg(data)?)?;
+                Ok(data.len())
+            }),
+        ),
+        File::EventFilter(instance, event_file) => rw(
+            crate::filter::text(&event_file),
+            Box::new(move |data| {
+                let text = std::str::from_utf8(data).map_err(|_| Errno::EINVAL)?;
+                crate::filter::write_event(&instance, &event_file, text)?;
+                Ok(data.len())
+            }),
+        ),
+        File::EventTrigger(instance, event_file) => rw(
+            crate::trigger::listing(&event_file),
+            Box::new(move |data| {
+                let text = std::str::from_utf8(data).map_err(|_| Errno::EINVAL)?;
+                crate::trigger::write(&instance, &event_file, text)?;
                 Ok(data.len())
             }),
         ),
@@ -586,6 +633,31 @@ fn open_instance_file(
             )
         }
         "snapshot" => crate::snapshot::open(instance, flags),
+        "set_event_pid" | "set_event_notrace_pid" => {
+            let notrace = name == "set_event_notrace_pid";
+            if flags.truncate && !flags.append {
+                instance.update_pids(|lists| {
+                    if notrace {
+                        lists.notrace.clear()
+                    } else {
+                        lists.trace.clear()
+                    }
+                });
+            }
+            let lists = instance.pids();
+            let shown = crate::filter::pids_text(if notrace {
+                &lists.notrace
+            } else {
+                &lists.trace
+            });
+            rw(
+                shown,
+                Box::new(move |data| {
+                    crate::filter::write_pids(&instance, notrace, data)?;
+                    Ok(data.len())
+                }),
+            )
+        }
         _ => Err(Errno::ENOENT),
     }
 }
