@@ -437,6 +437,11 @@ fn expand_meta_args(
     let mut last_index = 0;
     let mut found = false;
     for (i, w) in words.iter().enumerate() {
+        // `$arg*` must stand alone: a name or type on it is refused (the
+        // kernel says BAD_VAR or silently drops the type; ustrace says why).
+        if w.contains("=$arg*") || (w.starts_with("$arg*") && w.len() > 5) {
+            return Err(log.err(E::BAD_VAR_ARGS, i + 2, 0, Errno::Inval));
+        }
         let Some(rest) = w.strip_prefix("$arg") else {
             continue;
         };
@@ -497,8 +502,9 @@ fn expand_meta_args(
                 return Err(log.err(E::BAD_VAR, i + 2, 0, Errno::NoEnt));
             }
             let n = kstrtoul(&rest[..digits], 10).unwrap_or(0);
+            // The kernel reports NO_BTFARG here; ARGIDX_2BIG says it better.
             let Some(name) = n.checked_sub(1).and_then(|k| params.get(k as usize)) else {
-                return Err(log.err(E::NO_BTFARG, i + 2, 0, Errno::NoEnt));
+                return Err(log.err(E::ARGIDX_2BIG, i + 2, 0, Errno::NoEnt));
             };
             add(format!("{name}{ty}"), i + 2, &mut out)?;
         } else {

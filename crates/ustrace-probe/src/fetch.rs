@@ -406,8 +406,8 @@ impl ArgParser<'_, '_> {
                     }
                     Some(t) if t.contains("string") => {
                         let types = &info.types;
-                        if types.is_char_array(last) {
-                        } else if types.is_char_pointer(last) {
+                        if is_byte_array(types, last) {
+                        } else if is_byte_pointer(types, last) {
                             let user = t.starts_with('u');
                             cur.push(Insn::Deref { offset: 0, user }, cur.offset, Errno::TooBig)?;
                         } else {
@@ -897,6 +897,32 @@ fn split_next_field(s: &str, base: usize) -> Result<(&str, Option<Separator>), A
                 Err(ArgError::new(E::BAD_HYPHEN, base + i))
             }
         }
+    }
+}
+
+/// Whether `id` is an 8-bit integer or character type (C `char`, Rust `u8`/`i8`).
+fn is_byte(types: &TypeTable, id: TypeId) -> bool {
+    let n = types.get(types.strip(id));
+    matches!(n.kind, TypeKind::Base(BaseEncoding::Char { .. }))
+        || (matches!(
+            n.kind,
+            TypeKind::Base(BaseEncoding::Signed | BaseEncoding::Unsigned)
+        ) && n.size == Some(1))
+}
+
+/// `char *` (or a pointer to any byte type): a string behind a pointer.
+fn is_byte_pointer(types: &TypeTable, id: TypeId) -> bool {
+    match types.get(types.strip(id)).kind {
+        TypeKind::Pointer(t) => is_byte(types, t),
+        _ => false,
+    }
+}
+
+/// `char[N]` (or an array of any byte type): a string in place.
+fn is_byte_array(types: &TypeTable, id: TypeId) -> bool {
+    match types.get(types.strip(id)).kind {
+        TypeKind::Array { elem, .. } => is_byte(types, elem),
+        _ => false,
     }
 }
 
