@@ -5,7 +5,7 @@
 //! are written so the instrumented one differs from its baseline only by the operation.
 //!
 //! JSON names are an interface: `tracepoint_off`, `tracepoint_noop_probe`, `event_3ints`,
-//! `event_string16`, `event_soft_disabled`, `ring_buffer_write_32b`,
+//! `event_string16`, `event_soft_disabled`, `filter_reject_3preds`, `ring_buffer_write_32b`,
 //! `ring_buffer_write_32b_2threads` (which adds `scaling`), and later issues add theirs.
 
 use std::hint::black_box;
@@ -239,6 +239,22 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             extra: None,
         });
         set(&path("events/ustrace_bench/ints3/enable"), "0\n")?;
+    }
+    if wanted("filter_reject_3preds") {
+        // Three predicates, all evaluated: the first two pass, the third rejects.
+        set(
+            &path("events/ustrace_bench/ints3/filter"),
+            "a != 1 && b != 1 && c == 99\n",
+        )?;
+        set(&path("events/ustrace_bench/ints3/enable"), "1\n")?;
+        figures.push(Figure {
+            name: "filter_reject_3preds",
+            ns_per_op: time_per_op(n, reps, ints3_loop),
+            baseline_ns_per_op: baseline,
+            extra: None,
+        });
+        set(&path("events/ustrace_bench/ints3/enable"), "0\n")?;
+        set(&path("events/ustrace_bench/ints3/filter"), "0\n")?;
     }
     if wanted("event_string16") {
         set(&path("events/ustrace_bench/string16/enable"), "1\n")?;

@@ -236,6 +236,7 @@ pub fn pids_text(pids: &[i32]) -> String {
 /// Applies a write to `set_event_pid` (`notrace` false) or `set_event_notrace_pid`.
 pub fn write_pids(instance: &Arc<Instance>, notrace: bool, data: &[u8]) -> Result<(), Errno> {
     let new = parse_pids(data)?;
+    install_fork_handlers();
     instance.update_pids(|lists| {
         let list = if notrace {
             &mut lists.notrace
@@ -247,4 +248,52 @@ pub fn write_pids(instance: &Arc<Instance>, notrace: bool, data: &[u8]) -> Resul
         list.dedup();
     });
     Ok(())
+}
+
+/// The thread that called `fork`, saved just before, for the child's `event-fork` handling.
+static FORKING_TID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn before_fork() {
+    // SAFETY: gettid has no arguments and cannot fail.
+    FORKING_TID.store(
+        unsafe { libc::gettid() },
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// With the `event-fork` option, a child of a traced thread is traced too: in the child,
+/// the new process's id joins `set_event_pid` of every instance that lists its parent.
+/// Threads spawned later are not followed (there is no hook for them short of an fprobe on
+/// `clone`).
+extern "C" fn in_child_after_fork() {
+    let parent = FORKING_TID.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: getpid has no arguments and cannot fail.
+    let child = unsafe { libc::getpid() };
+    let Some(tracing) = crate::trace::existing_tracing() else {
+        return;
+    };
+    for instance in tracing.all_nonblocking() {
+        if !instance.options.get("event-fork") {
+            continue;
+        }
+        let lists = instance.pids();
+        if lists.trace.binary_search(&parent).is_ok() {
+            instance.update_pids(|lists| {
+                lists.trace.push(child);
+                lists.trace.sort_unstable();
+                lists.trace.dedup();
+            });
+        }
+    }
+}
+
+/// Installs the `event-fork` handlers once.
+pub(crate) fn install_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handlers touch only atomics and ustrace's own state.
+        unsafe {
+            libc::pthread_atfork(Some(before_fork), None, Some(in_child_after_fork));
+        }
+    });
 }

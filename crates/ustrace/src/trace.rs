@@ -599,9 +599,15 @@ pub struct Tracing {
     instances: RwLock<BTreeMap<String, Arc<Instance>>>,
 }
 
+static TRACING: OnceLock<Tracing> = OnceLock::new();
+
+/// The tracing state if it was ever created (never creates it; safe after `fork`).
+pub(crate) fn existing_tracing() -> Option<&'static Tracing> {
+    TRACING.get()
+}
+
 /// The process's tracing state, created on first use.
 pub fn tracing() -> &'static Tracing {
-    static TRACING: OnceLock<Tracing> = OnceLock::new();
     TRACING.get_or_init(|| Tracing {
         top: Instance::new("").expect("cannot allocate the top-level trace buffer"),
         instances: RwLock::new(BTreeMap::new()),
@@ -640,6 +646,16 @@ impl Tracing {
                 .values()
                 .cloned(),
         );
+        all
+    }
+
+    /// Every instance, without waiting for a lock another thread may hold (after `fork`,
+    /// that thread no longer exists): the top one always, others when the list is free.
+    pub(crate) fn all_nonblocking(&self) -> Vec<Arc<Instance>> {
+        let mut all = vec![self.top.clone()];
+        if let Ok(instances) = self.instances.try_read() {
+            all.extend(instances.values().cloned());
+        }
         all
     }
 

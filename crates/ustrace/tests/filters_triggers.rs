@@ -523,3 +523,40 @@ fn triggers_fire_while_the_event_is_disabled_and_on_trace_marker() {
     assert_eq!(t.read("tracing_on"), "0\n");
     assert!(t.read("trace").contains("tracing_mark_write: stop here"));
 }
+
+// See: events.rst 5.5 and ftrace.rst `event-fork`.
+#[test]
+fn event_fork_adds_a_forked_child_to_set_event_pid() {
+    let t = Instance::new("f-fork");
+    // SAFETY: gettid has no arguments and cannot fail.
+    let me = unsafe { libc::gettid() };
+    t.write("set_event_pid", &format!("{me}\n")).unwrap();
+    t.write("options/event-fork", "1\n").unwrap();
+    let path = t.path("set_event_pid");
+    // SAFETY: the child only reads a tracefs file and exits without unwinding.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        let mut file = ustrace::tracefs().open(&path, OpenFlags::READ).unwrap();
+        let mut buf = [0u8; 256];
+        let n = file.read(&mut buf, None).unwrap();
+        let text = std::str::from_utf8(&buf[..n]).unwrap();
+        // SAFETY: getpid cannot fail.
+        let listed = text
+            .lines()
+            .any(|l| l == unsafe { libc::getpid() }.to_string());
+        // SAFETY: _exit ends the child without running the parent's destructors.
+        unsafe { libc::_exit(if listed { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child not in its own set_event_pid"
+    );
+    assert_eq!(
+        t.read("set_event_pid"),
+        format!("{me}\n"),
+        "the parent's list is unchanged"
+    );
+}
