@@ -63,6 +63,17 @@ pub fn listing(file: &EventFile) -> String {
 /// Applies one write to an event's `trigger` file.
 pub fn write(instance: &Instance, file: &Arc<EventFile>, text: &str) -> Result<(), Errno> {
     let command = syntax::parse_with(text, AVAILABLE).map_err(|e| Errno(e.errno()))?;
+    // The kernel looks an enable/disable target up before anything else, removals included.
+    let target = match command.kind.target() {
+        Some((system, event)) => Some(
+            instance
+                .files_of(Some(system))
+                .into_iter()
+                .find(|f| f.event.name() == event)
+                .ok_or(Errno::EINVAL)?,
+        ),
+        None => None,
+    };
     if command.remove {
         remove(file, &command);
         return Ok(());
@@ -76,16 +87,6 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, text: &str) -> Result<(
     }
     let filter = match &command.filter {
         Some(text) => Some(crate::filter::compile_for(instance, &file.event, text)?),
-        None => None,
-    };
-    let target = match command.kind.target() {
-        Some((system, event)) => Some(
-            instance
-                .files_of(Some(system))
-                .into_iter()
-                .find(|f| f.event.name() == event)
-                .ok_or(Errno::EINVAL)?,
-        ),
         None => None,
     };
     if matches!(command.kind, Kind::Snapshot) {
