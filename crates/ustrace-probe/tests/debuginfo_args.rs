@@ -107,7 +107,7 @@ fn named_arguments_take_their_types_from_dwarf() {
         "f:fprobes/ustrace_probe_target__entry ustrace_probe_target count=count:x16"
     );
     let r = define("f ustrace_probe_target%return $retval", &env);
-    assert_eq!(r.compile(None).print_fmt().contains("arg1=%Ld"), true);
+    assert!(r.compile(None).print_fmt().contains("arg1=%Ld"));
 }
 
 #[test]
