@@ -1,0 +1,92 @@
+//! The probe-hit path (`record_size`, `run`, `save_entry`) allocates nothing:
+//! a counting global allocator watches it run programs of every kind.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use ustrace_probe::*;
+
+struct Counting;
+
+static WATCH: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if WATCH.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+struct Ctx {
+    args: [u64; 6],
+    entry: [u64; 4],
+}
+
+impl FetchContext for Ctx {
+    fn arg(&self, n: usize) -> u64 {
+        self.args[n]
+    }
+    fn stack_pointer(&self) -> u64 {
+        self.args.as_ptr() as u64
+    }
+    fn comm(&self) -> &[u8] {
+        b"noalloc\0\0\0\0\0\0\0\0\0"
+    }
+    fn entry_data(&self) -> &[u64] {
+        &self.entry
+    }
+}
+
+#[test]
+fn probe_hit_path_does_not_allocate() {
+    let s = CString::new("a string").unwrap();
+    let ptrs = [s.as_ptr(), s.as_ptr()];
+    let lines = [
+        "f foo a=$arg1 s=+0($arg2):string u=+0($arg2):ustring bad=+0($arg4):string \
+         arr=+0($arg2):u8[8] sa=+0($arg3):string[2] c=$comm k=\\\"imm\" b=$arg1:b4@2/32 \
+         st=$stack1 sym=$arg1:symstr",
+        "f foo%return r=$retval e=$arg2 e2=+0($arg2):string",
+    ];
+    let ctx = Ctx {
+        args: [0x12345, s.as_ptr() as u64, ptrs.as_ptr() as u64, 0x10, 0, 0],
+        entry: [s.as_ptr() as u64; 4],
+    };
+    let mut buf = vec![0u8; 4096];
+    let mut edata = [0u64; 4];
+    for line in lines {
+        let Ok(DynCommand::Create(d)) = parse_command(line, &NoEnv) else {
+            panic!("{line}");
+        };
+        let prog = d.compile(Some(ustrace_inspect::symbols::inventory()));
+        // Warm up (first fault-safe read installs its signal handler).
+        let n = prog.record_size(&ctx);
+        prog.run(&ctx, &mut buf[..n]);
+        WATCH.store(true, Ordering::SeqCst);
+        let mut used = 0;
+        for _ in 0..100 {
+            prog.save_entry(&ctx, &mut edata);
+            let n = prog.record_size(&ctx);
+            used = prog.run(&ctx, &mut buf[..n]);
+        }
+        WATCH.store(false, Ordering::SeqCst);
+        assert!(used > 0);
+        assert_eq!(
+            ALLOCS.load(Ordering::SeqCst),
+            0,
+            "allocations while running {line}"
+        );
+    }
+}
