@@ -37,7 +37,7 @@ use clock::Clock;
 use region::{RawReservation, Region, RegionCursor, RegionStats, ReserveError, Step};
 use std::io;
 use std::ops::{Deref, DerefMut};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -181,7 +181,7 @@ pub struct RingBuffer {
     nr_cpus: usize,
     slots: Box<[CpuSlot]>,
     clock: AtomicU32,
-    keep_files: AtomicBool,
+    persistent: AtomicBool,
     control: Mutex<Control>,
 }
 
@@ -261,7 +261,7 @@ impl RingBuffer {
             nr_cpus: config.nr_cpus,
             slots: slots.into_boxed_slice(),
             clock: AtomicU32::new(config.clock as u32),
-            keep_files: AtomicBool::new(false),
+            persistent: AtomicBool::new(false),
             control: Mutex::new(control),
         };
         {
@@ -281,12 +281,7 @@ impl RingBuffer {
         let names: Vec<String> = ctl.cpus[cpu]
             .regions
             .iter()
-            .map(|(r, _)| {
-                r.path()
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            })
+            .map(|(r, _)| r.mapping().public_name())
             .collect();
         let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
         self.root.set_names(cpu, &refs);
@@ -445,7 +440,9 @@ impl RingBuffer {
             .join(format!("{}-c{cpu}-r{}", self.base, ctl.next_region));
         ctl.next_region += 1;
         let r = Arc::new(Region::create(&path, cpu, nr_pages)?);
-        r.set_unlink_on_drop(!self.keep_files.load(Ordering::Relaxed));
+        if self.persistent.load(Ordering::Relaxed) {
+            r.mapping().link()?;
+        }
         ctl.keep.push(r.clone());
         Ok(r)
     }
@@ -505,6 +502,7 @@ impl RingBuffer {
             rc.carried.dropped += s.dropped;
             rc.carried.commit_overrun += s.commit_overrun;
             rc.carried.read += s.read;
+            r.mapping().unlink();
             rc.regions.remove(0);
         }
     }
@@ -839,30 +837,43 @@ impl RingBuffer {
         Ok(())
     }
 
-    /// The root file another process opens with [`ShmReader::open`].
+    /// The root file another process opens with [`ShmReader::open`]: its
+    /// name in the shm directory when persistent, else `/proc/<pid>/fd/<fd>`.
     pub fn shm_path(&self) -> PathBuf {
-        self.dir.join(&self.base)
+        let name = self.root.map.public_name();
+        self.dir.join(name)
     }
 
-    /// Keep the shared-memory files when this buffer is dropped (they are
-    /// removed by default; a killed process always leaves them behind).
-    pub fn set_keep_files(&self, keep: bool) {
-        self.keep_files.store(keep, Ordering::Relaxed);
-        self.root.map_unlink(!keep);
-        for r in &self.lock().keep {
-            r.set_unlink_on_drop(!keep);
+    /// Flight-recorder mode. Off (the default), the files are anonymous:
+    /// other processes open them through `/proc/<pid>/fd/` while this
+    /// process lives, and nothing is left behind when it exits, however it
+    /// exits. On, every file gets a name in the shm directory and outlives
+    /// the process if it dies (a crash, SIGKILL); dropping the buffer still
+    /// removes them, and [`ShmReader::remove`] cleans up after a dead writer.
+    pub fn set_persistent(&self, on: bool) -> io::Result<()> {
+        let ctl = self.lock();
+        self.persistent.store(on, Ordering::Relaxed);
+        let maps = std::iter::once(&self.root.map).chain(
+            ctl.cpus
+                .iter()
+                .flat_map(|c| c.regions.iter().map(|(r, _)| r.mapping())),
+        );
+        for m in maps {
+            if on {
+                m.link()?;
+            } else {
+                m.unlink();
+            }
         }
+        for cpu in 0..self.nr_cpus {
+            self.publish_names(&ctl, cpu);
+        }
+        Ok(())
     }
 
-    /// The directory holding the files.
-    pub fn shm_dir(&self) -> &Path {
-        &self.dir
-    }
-}
-
-impl shm::Root {
-    fn map_unlink(&self, on: bool) {
-        self.map.set_unlink_on_drop(on);
+    /// Whether the buffer is in flight-recorder mode.
+    pub fn is_persistent(&self) -> bool {
+        self.persistent.load(Ordering::Relaxed)
     }
 }
 

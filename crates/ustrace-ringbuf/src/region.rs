@@ -387,8 +387,8 @@ impl Region {
         self.map.path()
     }
 
-    pub(crate) fn set_unlink_on_drop(&self, on: bool) {
-        self.map.set_unlink_on_drop(on);
+    pub(crate) fn mapping(&self) -> &Mapping {
+        &self.map
     }
 
     pub(crate) fn nr_pages(&self) -> usize {

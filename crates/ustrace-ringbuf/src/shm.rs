@@ -93,11 +93,22 @@ pub(crate) fn round_up(v: usize, to: usize) -> usize {
 }
 
 /// A mapped shared-memory file.
+///
+/// Writer-side files are created anonymous (`O_TMPFILE` in the shm
+/// directory, or a memfd) so that a process that exits without dropping its
+/// buffers — a `static` one, or a crash — leaves nothing behind. Other
+/// processes reach them through `/proc/<pid>/fd/<fd>` while the writer
+/// lives. A *persistent* buffer (flight recorder) links its files under
+/// their names in the shm directory, where they outlive the writer.
 pub(crate) struct Mapping {
     ptr: *mut u8,
     len: usize,
+    /// The open file of a writer-side mapping (-1 for read-only ones).
+    fd: libc::c_int,
+    /// Read-only: the path opened. Writer: where the file is linked when persistent.
     path: PathBuf,
-    unlink_on_drop: AtomicU32,
+    /// 1 while the file is linked at `path` by us (unlinked on drop).
+    linked: AtomicU32,
 }
 
 // SAFETY: the mapping is plain shared memory; all concurrent access to it
@@ -107,39 +118,34 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Creates (exclusively) and maps a zeroed read-write file of `len` bytes.
+    /// Creates an anonymous zeroed read-write file of `len` bytes that can
+    /// later be linked at `path` (see [`Mapping::link`]).
     pub(crate) fn create(path: &Path, len: usize) -> io::Result<Mapping> {
-        let c = cpath(path)?;
-        // SAFETY: valid NUL-terminated path; flags create a new file.
-        let fd = unsafe {
+        let dir = path.parent().unwrap_or(Path::new("/dev/shm"));
+        let cdir = cpath(dir)?;
+        // SAFETY: valid NUL-terminated directory path; O_TMPFILE creates an unnamed file in it.
+        let mut fd = unsafe {
             libc::open(
-                c.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                cdir.as_ptr(),
+                libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
                 0o600,
             )
         };
         if fd < 0 {
+            // SAFETY: a static NUL-terminated name.
+            fd = unsafe { libc::memfd_create(c"ustrace-ring".as_ptr(), libc::MFD_CLOEXEC) };
+        }
+        if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: fd is a file we just opened.
-        let r = unsafe { libc::ftruncate(fd, len as libc::off_t) };
-        if r != 0 {
+        // SAFETY: fd is a file we just created.
+        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
             let e = io::Error::last_os_error();
-            // SAFETY: closing and unlinking our own new file.
-            unsafe {
-                libc::close(fd);
-                libc::unlink(c.as_ptr());
-            }
+            // SAFETY: our fd.
+            unsafe { libc::close(fd) };
             return Err(e);
         }
-        let m = Self::map_fd(fd, len, libc::PROT_READ | libc::PROT_WRITE, path);
-        if m.is_err() {
-            // SAFETY: unlinking the file we created.
-            unsafe { libc::unlink(c.as_ptr()) };
-        }
-        let m = m?;
-        m.unlink_on_drop.store(1, Ordering::Relaxed);
-        Ok(m)
+        Self::map_fd(fd, len, libc::PROT_READ | libc::PROT_WRITE, path, true)
     }
 
     /// Maps an existing file read-only, whole.
@@ -159,31 +165,45 @@ impl Mapping {
             unsafe { libc::close(fd) };
             return Err(e);
         }
-        Self::map_fd(fd, st.st_size as usize, libc::PROT_READ, path)
+        Self::map_fd(fd, st.st_size as usize, libc::PROT_READ, path, false)
     }
 
-    fn map_fd(fd: libc::c_int, len: usize, prot: libc::c_int, path: &Path) -> io::Result<Mapping> {
-        if len == 0 {
+    fn map_fd(
+        fd: libc::c_int,
+        len: usize,
+        prot: libc::c_int,
+        path: &Path,
+        keep_fd: bool,
+    ) -> io::Result<Mapping> {
+        let fail = |e: io::Error| {
             // SAFETY: our fd.
             unsafe { libc::close(fd) };
-            return Err(io::Error::new(
+            Err(e)
+        };
+        if len == 0 {
+            return fail(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("{} is empty", path.display()),
             ));
         }
         // SAFETY: mapping `len` bytes of an open file, shared; checked for MAP_FAILED.
         let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
-        let err = io::Error::last_os_error();
-        // SAFETY: the mapping keeps its own reference to the file.
-        unsafe { libc::close(fd) };
         if ptr == libc::MAP_FAILED {
-            return Err(err);
+            return fail(io::Error::last_os_error());
         }
+        let fd = if keep_fd {
+            fd
+        } else {
+            // SAFETY: the mapping keeps its own reference to the file.
+            unsafe { libc::close(fd) };
+            -1
+        };
         Ok(Mapping {
             ptr: ptr.cast(),
             len,
+            fd,
             path: path.to_path_buf(),
-            unlink_on_drop: AtomicU32::new(0),
+            linked: AtomicU32::new(0),
         })
     }
 
@@ -195,12 +215,61 @@ impl Mapping {
         self.len
     }
 
+    /// The path a read-only mapping was opened at, or where a writer's file is linked when persistent.
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
-    pub(crate) fn set_unlink_on_drop(&self, on: bool) {
-        self.unlink_on_drop.store(on as u32, Ordering::Relaxed);
+    /// How another process opens this file now: its name in the shm
+    /// directory when linked, else `/proc/<pid>/fd/<fd>`.
+    pub(crate) fn public_name(&self) -> String {
+        if self.linked.load(Ordering::Relaxed) != 0 || self.fd < 0 {
+            self.path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        } else {
+            format!("/proc/{}/fd/{}", std::process::id(), self.fd)
+        }
+    }
+
+    /// Gives the (anonymous) file its name, so it outlives the process.
+    pub(crate) fn link(&self) -> io::Result<()> {
+        if self.fd < 0 || self.linked.load(Ordering::Relaxed) != 0 {
+            return Ok(());
+        }
+        let from = CString::new(format!("/proc/self/fd/{}", self.fd)).expect("no NUL");
+        let to = cpath(&self.path)?;
+        // SAFETY: valid NUL-terminated paths; linking an O_TMPFILE file by its
+        // /proc/self/fd link is how such a file gets a name without privileges.
+        let r = unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot name {}: {e}", self.path.display()),
+            ));
+        }
+        self.linked.store(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Removes the file's name (the mapping stays).
+    pub(crate) fn unlink(&self) {
+        if self.linked.swap(0, Ordering::Relaxed) != 0 {
+            if let Ok(c) = cpath(&self.path) {
+                // SAFETY: valid path of a name this process created.
+                unsafe { libc::unlink(c.as_ptr()) };
+            }
+        }
     }
 }
 
@@ -209,12 +278,11 @@ impl Drop for Mapping {
         // SAFETY: ptr/len are exactly what mmap returned; nothing references
         // the mapping once its owner is dropped.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
-        if self.unlink_on_drop.load(Ordering::Relaxed) != 0 {
-            if let Ok(c) = cpath(&self.path) {
-                // SAFETY: valid path; unlinking a file this process created.
-                unsafe { libc::unlink(c.as_ptr()) };
-            }
+        if self.fd >= 0 {
+            // SAFETY: our fd.
+            unsafe { libc::close(self.fd) };
         }
+        self.unlink();
     }
 }
 
@@ -493,6 +561,7 @@ impl ShmReader {
             let names = read_names(self.root.ptr(), cpu);
             let mut next = Vec::new();
             for name in names {
+                // Names are relative to the root's directory, or absolute /proc paths.
                 let path = self.dir.join(&name);
                 if let Some(i) = self.cpus[cpu].iter().position(|(r, _)| r.path() == path) {
                     next.push(self.cpus[cpu].remove(i));
