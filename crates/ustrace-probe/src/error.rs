@@ -35,6 +35,8 @@ pub enum Errno {
     NoDev,
     /// Busy (`EBUSY`, 16): the event is enabled or in use.
     Busy,
+    /// Out of range (`ERANGE`, 34): a number in the definition overflows.
+    Range,
 }
 
 impl Errno {
@@ -48,6 +50,7 @@ impl Errno {
             Errno::NotSupported => libc::EOPNOTSUPP,
             Errno::NoDev => libc::ENODEV,
             Errno::Busy => libc::EBUSY,
+            Errno::Range => libc::ERANGE,
         }
     }
 
@@ -61,6 +64,7 @@ impl Errno {
             Errno::NotSupported => "EOPNOTSUPP",
             Errno::NoDev => "ENODEV",
             Errno::Busy => "EBUSY",
+            Errno::Range => "ERANGE",
         }
     }
 }

@@ -20,7 +20,9 @@ use ustrace_inspect::debuginfo::{BaseEncoding, FunctionInfo, TypeId, TypeKind, T
 
 use crate::env::{FieldKind, FieldSpec, ProbeEnv};
 use crate::error::{ArgError, Errno, ErrorId as E};
-use crate::num::{kstrtol, kstrtouint, kstrtoul, simple_strtoul};
+use crate::num::{
+    kstrtol, kstrtol_checked, kstrtouint, kstrtoul, kstrtoul_checked, simple_strtoul, NumError,
+};
 use crate::types::FetchType;
 
 /// Longest argument expression (`MAX_ARGSTR_LEN`).
@@ -560,15 +562,15 @@ impl ArgParser<'_, '_> {
             b'@' => {
                 let second = b.get(1).copied().unwrap_or(0);
                 if second.is_ascii_digit() {
-                    let addr = kstrtoul(&arg[1..], 0)
-                        .ok_or_else(|| ArgError::new(E::BAD_MEM_ADDR, cur.offset))?;
+                    let addr = kstrtoul_checked(&arg[1..], 0)
+                        .map_err(|e| num_error(E::BAD_MEM_ADDR, cur.offset, e))?;
                     cur.code.push(Insn::Imm(addr));
                 } else if second == b'+' {
                     if self.flags.kernel {
                         return Err(ArgError::new(E::FILE_ON_KPROBE, cur.offset));
                     }
-                    let off = kstrtol(&arg[2..], 0)
-                        .ok_or_else(|| ArgError::new(E::BAD_FILE_OFFS, cur.offset))?;
+                    let off = kstrtol_checked(&arg[2..], 0)
+                        .map_err(|e| num_error(E::BAD_FILE_OFFS, cur.offset, e))?;
                     cur.code.push(Insn::FileOffset(off));
                 } else {
                     if !self.flags.kernel {
@@ -623,8 +625,8 @@ impl ArgParser<'_, '_> {
                 let Some(lp) = s.find('(') else {
                     return Err(ArgError::new(E::DEREF_NEED_BRACE, cur.offset));
                 };
-                let offset = kstrtol(&s[..lp], 0)
-                    .ok_or_else(|| ArgError::new(E::BAD_DEREF_OFFS, cur.offset))?;
+                let offset = kstrtol_checked(&s[..lp], 0)
+                    .map_err(|e| num_error(E::BAD_DEREF_OFFS, cur.offset, e))?;
                 cur.offset += lp + 1 + usize::from(!s.starts_with('-'));
                 let inner_all = &s[lp + 1..];
                 let Some(rp) = inner_all.rfind(')') else {
@@ -655,16 +657,25 @@ impl ArgParser<'_, '_> {
                 } else {
                     let s = &arg[1..];
                     let v = match s.as_bytes().first() {
-                        Some(c) if c.is_ascii_digit() => kstrtoul(s, 0),
-                        Some(b'-') => kstrtol(s, 0).map(|v| v as u64),
-                        Some(b'+') => kstrtol(&s[1..], 0).map(|v| v as u64),
-                        _ => None,
+                        Some(c) if c.is_ascii_digit() => kstrtoul_checked(s, 0),
+                        Some(b'-') => kstrtol_checked(s, 0).map(|v| v as u64),
+                        Some(b'+') => kstrtol_checked(&s[1..], 0).map(|v| v as u64),
+                        _ => Err(NumError::Invalid),
                     };
                     match v {
-                        Some(v) => cur.code.push(Insn::Imm(v)),
-                        None => return Err(ArgError::new(E::BAD_IMM, cur.offset + 1)),
+                        Ok(v) => cur.code.push(Insn::Imm(v)),
+                        Err(e) => return Err(num_error(E::BAD_IMM, cur.offset + 1, e)),
                     }
                 }
+            }
+            // 6.18 reads `(TYPE)EXPR` as a debug-info typecast; ustrace has
+            // none, and the kernel without BTF refuses it the same way.
+            b'(' => {
+                return Err(ArgError::with(
+                    E::NOSUP_BTFARG,
+                    cur.offset,
+                    Errno::NotSupported,
+                ))
             }
             c if c.is_ascii_alphabetic() || c == b'_' => {
                 if !self.flags.is_function_entry() && !self.flags.is_function_return() {
@@ -878,6 +889,15 @@ impl ArgParser<'_, '_> {
             }
         }
     }
+}
+
+/// A failed number: syntax errors are `EINVAL`, overflow `ERANGE`.
+fn num_error(id: E, offset: usize, e: NumError) -> ArgError {
+    let errno = match e {
+        NumError::Invalid => Errno::Inval,
+        NumError::Range => Errno::Range,
+    };
+    ArgError::with(id, offset, errno)
 }
 
 /// (is `->`, index after it, index of it).

@@ -47,21 +47,38 @@ fn parse_digits(s: &[u8], radix: u32) -> (u64, usize, bool) {
     (v, n, overflow)
 }
 
+/// Why a `kstrto*` parse failed: bad syntax (`EINVAL`) or overflow
+/// (`ERANGE`); the kernel returns the latter as the write's errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumError {
+    /// Not a number.
+    Invalid,
+    /// A number that does not fit.
+    Range,
+}
+
 /// `kstrtoull(s, base)`: a leading `+` is allowed.
-pub fn kstrtoul(s: &str, base: u32) -> Option<u64> {
+pub fn kstrtoul_checked(s: &str, base: u32) -> Result<u64, NumError> {
     let b = s.as_bytes();
     let b = b.strip_prefix(b"+").unwrap_or(b);
     let (radix, skip) = fixup_radix(b, base);
     let (v, n, overflow) = parse_digits(&b[skip..], radix);
-    if n == 0 || overflow {
-        return None;
+    if n == 0 {
+        return Err(NumError::Invalid);
     }
     let rest = &b[skip + n..];
-    if rest.is_empty() || rest == b"\n" {
-        Some(v)
-    } else {
-        None
+    if !(rest.is_empty() || rest == b"\n") {
+        return Err(NumError::Invalid);
     }
+    if overflow {
+        return Err(NumError::Range);
+    }
+    Ok(v)
+}
+
+/// `kstrtoull(s, base)`, failure reason dropped.
+pub fn kstrtoul(s: &str, base: u32) -> Option<u64> {
+    kstrtoul_checked(s, base).ok()
 }
 
 /// `kstrtouint`: as [`kstrtoul`] but must fit 32 bits.
@@ -69,22 +86,27 @@ pub fn kstrtouint(s: &str, base: u32) -> Option<u32> {
     kstrtoul(s, base).and_then(|v| u32::try_from(v).ok())
 }
 
-/// `kstrtol(s, base)`: an optional `-` then [`kstrtoul`], within `i64`.
-pub fn kstrtol(s: &str, base: u32) -> Option<i64> {
+/// `kstrtol(s, base)`: an optional `-` then [`kstrtoul_checked`], within `i64`.
+pub fn kstrtol_checked(s: &str, base: u32) -> Result<i64, NumError> {
     if let Some(rest) = s.strip_prefix('-') {
-        let v = kstrtoul(rest, base)?;
         if rest.starts_with('+') {
-            return None;
+            return Err(NumError::Invalid);
         }
+        let v = kstrtoul_checked(rest, base)?;
         if v <= 1u64 << 63 {
-            Some((v as i64).wrapping_neg())
+            Ok((v as i64).wrapping_neg())
         } else {
-            None
+            Err(NumError::Range)
         }
     } else {
-        let v = kstrtoul(s, base)?;
-        i64::try_from(v).ok()
+        let v = kstrtoul_checked(s, base)?;
+        i64::try_from(v).map_err(|_| NumError::Range)
     }
+}
+
+/// `kstrtol(s, base)`, failure reason dropped.
+pub fn kstrtol(s: &str, base: u32) -> Option<i64> {
+    kstrtol_checked(s, base).ok()
 }
 
 /// `simple_strtoul(s, &end, base)`: value and bytes consumed (0 when no digit).
