@@ -13,6 +13,8 @@
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 
+mod common;
+
 use ustrace_probe::{parse_command, DynCommand, NoEnv};
 
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -267,6 +269,7 @@ fn usable() -> bool {
 
 #[test]
 fn uprobe_events_agree_with_the_kernel() {
+    let _lock = common::KernelLock::take();
     if !usable() {
         eprintln!("skipped: {TRACEFS}/uprobe_events is not writable (needs root and tracefs)");
         return;

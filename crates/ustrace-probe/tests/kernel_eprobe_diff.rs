@@ -10,6 +10,8 @@
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 
+mod common;
+
 use ustrace_probe::*;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -238,6 +240,7 @@ const EXPLAINED: &[(&str, &str)] = &[];
 
 #[test]
 fn eprobes_agree_with_the_kernel() {
+    let _lock = common::KernelLock::take();
     let path = format!("{TRACEFS}/dynamic_events");
     let readme = fs::read_to_string(format!("{TRACEFS}/README")).unwrap_or_default();
     if OpenOptions::new().append(true).open(&path).is_err()

@@ -8,6 +8,8 @@
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 
+mod common;
+
 use ustrace_probe::*;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -79,6 +81,7 @@ impl FetchContext for FileCtx<'_> {
 
 #[test]
 fn fetched_values_print_like_the_kernel() {
+    let _lock = common::KernelLock::take();
     let uprobe_events = format!("{TRACEFS}/uprobe_events");
     let Ok(file) = fs::read("/bin/true") else {
         eprintln!("skipped: no /bin/true");
