@@ -73,6 +73,14 @@ pub trait ProbeEnv {
         None
     }
 
+    /// Whether fprobes/tprobes accept `%REG` operands. The kernel refuses
+    /// them there (`BAD_VAR`: fprobes see only function arguments); a caller
+    /// whose probe hits capture the full register set may opt in, and then
+    /// answers [`crate::FetchContext::register`].
+    fn fprobe_registers(&self) -> bool {
+        false
+    }
+
     /// Address of the data or function symbol `name` (`@SYM`).
     fn resolve_symbol(&self, name: &str) -> Option<u64> {
         let _ = name;

@@ -551,7 +551,7 @@ impl ArgParser<'_, '_> {
         match first {
             b'$' => self.parse_var(arg, cur)?,
             b'%' => {
-                if self.flags.tevent || self.flags.fprobe {
+                if self.flags.tevent || (self.flags.fprobe && !self.env.fprobe_registers()) {
                     return Err(ArgError::new(E::BAD_VAR, cur.offset));
                 }
                 match REGISTER_NAMES.iter().position(|r| *r == &arg[1..]) {

@@ -314,3 +314,24 @@ fn removal_matching() {
     assert_eq!(parse_command("-x", &NoEnv).unwrap_err().errno, Errno::Inval);
     assert_eq!(parse_command("   # comment", &NoEnv), Ok(DynCommand::Empty));
 }
+
+struct RegsEnv;
+
+impl ProbeEnv for RegsEnv {
+    fn fprobe_registers(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn registers_in_fprobes_only_when_the_environment_allows() {
+    let e = parse_command("f foo %di", &NoEnv).unwrap_err();
+    assert_eq!((e.id, e.caret()), (Some(ErrorId::BAD_VAR), 6));
+    let ctx = FakeCtx {
+        args: [0x77, 0x88, 0, 0, 0, 0],
+        ..FakeCtx::default()
+    };
+    let (out, _) = run("f:g/r foo a=%di:u8 b=+0(%sp):u8 c=%r9", &RegsEnv, &ctx);
+    // %r9 is not offered by the fake context: a faulting fetch stores 0.
+    assert!(out.ends_with(" a=119 b=0 c=0x0"), "{out}");
+}
