@@ -35,7 +35,7 @@ pub enum FieldKind {
 }
 
 /// One field of a record: for source events (what `$FIELD` reads) and for
-/// the records this crate lays out ([`crate::ProbeDefinition::fields`]).
+/// the records this crate lays out ([`crate::Program::fields`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldSpec {
     /// Field name.

@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Parsing follows the kernel's order of checks so that a rejected argument
-//! reports the same error id at the same byte. Offsets in [`ArgError`] are
+//! reports the same error id at the same byte. Offsets in errors are
 //! relative to the start of the argument word.
 
 use ustrace_inspect::debuginfo::{BaseEncoding, FunctionInfo, TypeId, TypeKind, TypeTable};
