@@ -176,10 +176,10 @@ fn string(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// `kstrtoul(s, 0)`: `EINVAL` for junk, `ERANGE` for overflow.
+/// `kstrtoul(s, 0)`: the digits are read first, so an overflowing number
+/// is `ERANGE` even with junk after it; no digits or junk is `EINVAL`.
 fn kstrtoul(s: &[u8]) -> Result<u64, TriggerError> {
     let s = s.strip_prefix(b"+").unwrap_or(s);
-    let s = s.strip_suffix(b"\n").unwrap_or(s);
     let (radix, digits) = if s.first() == Some(&b'0') {
         if matches!(s.get(1), Some(b'x' | b'X')) && s.get(2).is_some_and(|c| c.is_ascii_hexdigit())
         {
@@ -190,15 +190,12 @@ fn kstrtoul(s: &[u8]) -> Result<u64, TriggerError> {
     } else {
         (10, s)
     };
-    if digits.is_empty() {
-        return Err(TriggerError::inval("count is not a number"));
-    }
     let mut v: u64 = 0;
     let mut overflow = false;
+    let mut used = 0;
     for &c in digits {
-        let d = match (c as char).to_digit(16) {
-            Some(d) if d < radix => d,
-            _ => return Err(TriggerError::inval("count is not a number")),
+        let Some(d) = (c as char).to_digit(16).filter(|&d| d < radix) else {
+            break;
         };
         match v
             .checked_mul(u64::from(radix))
@@ -207,12 +204,17 @@ fn kstrtoul(s: &[u8]) -> Result<u64, TriggerError> {
             Some(n) => v = n,
             None => overflow = true,
         }
+        used += 1;
     }
     if overflow {
         return Err(TriggerError {
             errno: ERANGE,
             reason: "count out of range",
         });
+    }
+    let rest = &digits[used..];
+    if used == 0 || !(rest.is_empty() || rest == b"\n") {
+        return Err(TriggerError::inval("count is not a number"));
     }
     Ok(v)
 }

@@ -227,3 +227,39 @@ pub fn trigger_text() -> impl Strategy<Value = String> {
     )
         .prop_map(|(bang, cmd, count, filter)| format!("{bang}{cmd}{count}{filter}"))
 }
+
+/// Corpus lines with a few random edits from an alphabet of the language's
+/// special characters: reaches parser states the grammar above does not.
+pub fn mutated(corpus: Vec<String>) -> impl Strategy<Value = String> {
+    let alphabet: Vec<char> = "()!&|=<>~\"' {}*?[]-,.xX0189afidCPUS_\t".chars().collect();
+    (
+        prop::sample::select(corpus),
+        prop::collection::vec(
+            (
+                0u8..3,
+                any::<prop::sample::Index>(),
+                prop::sample::select(alphabet),
+            ),
+            1..4,
+        ),
+    )
+        .prop_map(|(line, edits)| {
+            let mut chars: Vec<char> = line.chars().collect();
+            for (kind, at, c) in edits {
+                let i = if chars.is_empty() {
+                    0
+                } else {
+                    at.index(chars.len() + 1)
+                };
+                match kind {
+                    0 => chars.insert(i, c),
+                    1 if i < chars.len() => {
+                        chars.remove(i);
+                    }
+                    _ if i < chars.len() => chars[i] = c,
+                    _ => chars.push(c),
+                }
+            }
+            chars.into_iter().collect()
+        })
+}
