@@ -15,7 +15,9 @@
 //! the symbol that is not an ASCII letter, digit or `_` becomes `_` (the
 //! kernel only rewrites `:` and `.`), and a leading digit gets a `_` prefix,
 //! so `my_crate::io::read` defaults to `my_crate__io__read__entry` and
-//! `<T as Tr>::f` to `_T_as_Tr___f__entry`; names are cut at 63 bytes.
+//! `<alloc::string::String>::push` to `_alloc__string__String___push__entry`;
+//! names are cut at 63 bytes. (A symbol containing a space, such as
+//! `<T as Trait>::f`, cannot be named: the command is split at whitespace.)
 
 use crate::env::{FieldSpec, ProbeEnv};
 use crate::error::{ArgError, Errno, ErrorId as E, ProbeError};

@@ -126,6 +126,8 @@ fn cases() -> Vec<String> {
         "x:{G}/ev /bin/true:0x1000",
         "p:{G}/ev",
         "p:{G}.ev /bin/true:0x1000 %di",
+        "p /bin/true:0x1000 %di",
+        "r /bin/true:0x1000 $retval",
     ] {
         out.push(h.replace("{G}", GROUP));
     }

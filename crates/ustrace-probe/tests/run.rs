@@ -335,3 +335,62 @@ fn registers_in_fprobes_only_when_the_environment_allows() {
     // %r9 is not offered by the fake context: a faulting fetch stores 0.
     assert!(out.ends_with(" a=119 b=0 c=0x0"), "{out}");
 }
+
+#[test]
+fn default_names_and_groups() {
+    let name = |l: &str| {
+        let d = define(l, &NoEnv);
+        format!("{}/{}", d.group, d.event)
+    };
+    assert_eq!(name("f vfs_read"), "fprobes/vfs_read__entry");
+    assert_eq!(name("f vfs_read%return"), "fprobes/vfs_read__exit");
+    assert_eq!(name("f vfs_read $retval"), "fprobes/vfs_read__exit");
+    assert_eq!(
+        name("f my_crate::io::read"),
+        "fprobes/my_crate__io__read__entry"
+    );
+    assert_eq!(
+        name("f <alloc::string::String>::push"),
+        "fprobes/_alloc__string__String___push__entry"
+    );
+    assert_eq!(name("f 3d::draw"), "fprobes/_3d__draw__entry");
+    assert_eq!(name("f:grp/ vfs_read"), "grp/vfs_read__entry");
+    assert_eq!(name("t sched_switch"), "tracepoints/sched_switch");
+    assert_eq!(name("t 9p_fid"), "tracepoints/_9p_fid");
+    assert_eq!(name("p /bin/true:0x1000"), "uprobes/p_true_0x1000");
+    let long = format!("f {}", "x".repeat(100));
+    assert_eq!(define(&long, &NoEnv).event.len(), 63);
+    assert_eq!(
+        define("f8:g/e vfs_read%return", &NoEnv).canonical(),
+        "f8:g/e vfs_read%return"
+    );
+}
+
+/// Prints what a probe hit costs (`cargo test --release -p ustrace-probe
+/// --test run -- --nocapture hit_cost`); asserts only a loose bound.
+#[test]
+fn hit_cost() {
+    let s = CString::new("some/path/name.txt").unwrap();
+    let ctx = FakeCtx {
+        args: [7, s.as_ptr() as u64, 0, 0, 0, 0],
+        comm: comm("bench"),
+        ..FakeCtx::default()
+    };
+    for line in [
+        "f foo a=$arg1 b=$arg2",
+        "f foo a=$arg1 s=+0($arg2):string c=$comm n=+4($arg2):u32",
+    ] {
+        let d = define(line, &NoEnv);
+        let p = d.compile(None);
+        let mut buf = vec![0u8; 256];
+        let iters = 200_000;
+        let t = std::time::Instant::now();
+        for _ in 0..iters {
+            let n = p.record_size(&ctx);
+            std::hint::black_box(p.run(&ctx, &mut buf[..n]));
+        }
+        let ns = t.elapsed().as_nanos() as f64 / f64::from(iters);
+        eprintln!("hit cost {ns:.0} ns/hit (size+run): {line}");
+        assert!(ns < 100_000.0);
+    }
+}
