@@ -546,6 +546,8 @@ fn other_events_agree_with_the_kernel() {
             .collect();
         let mut event_texts: Vec<String> = texts.iter().map(|s| s.to_string()).collect();
         event_texts.extend(event_filter_cases(&names, cases() / 3));
+        event_texts.extend(generated(mutated(event_texts.clone()), cases() / 3));
+        event_texts.retain(|t| !is_clear(t));
         let filter = dir.join("filter");
         for text in &event_texts {
             total += 1;
