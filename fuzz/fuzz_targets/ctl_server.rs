@@ -8,16 +8,17 @@
 use libfuzzer_sys::fuzz_target;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use ustrace_ctl::client::Client;
 use ustrace_ctl::memfs::MemFs;
 use ustrace_ctl::server::serve_connection;
 use ustrace_ctl::vfs::FileSystem;
 
+/// A fresh tree per input: a crash then reproduces from its input alone, and appends do not
+/// pile up across millions of runs.
 fn fs() -> Arc<dyn FileSystem> {
-    static FS: OnceLock<Arc<MemFs>> = OnceLock::new();
-    FS.get_or_init(|| Arc::new(MemFs::sample())).clone()
+    Arc::new(MemFs::sample())
 }
 
 fn session(input: &[u8]) {
