@@ -16,6 +16,7 @@
 //! - [`tracefs`]: the file tree, as the kernel's `/sys/kernel/tracing`.
 //! - [`output`]: kernel-identical text output.
 
+pub mod dynevent;
 pub mod event;
 pub mod filter;
 pub mod marker;

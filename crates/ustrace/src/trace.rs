@@ -45,6 +45,8 @@ mod flag {
 /// One event in one instance: whether it records, its filter, its triggers.
 pub struct EventFile {
     pub event: Arc<Event>,
+    /// The instance this file belongs to (eprobes find their source event through it).
+    pub instance: std::sync::Weak<Instance>,
     id: u16,
     flags: AtomicU32,
     pub(crate) shared: Arc<Shared>,
@@ -449,9 +451,10 @@ impl Instance {
     }
 
     /// Gives this instance a file for a newly registered event.
-    pub fn add_event(&self, event: Arc<Event>) {
+    pub fn add_event(self: &Arc<Self>, event: Arc<Event>) {
         let pid_filter = self.shared.pids.is_set();
         let file = Arc::new(EventFile {
+            instance: Arc::downgrade(self),
             id: event.id.0,
             event: event.clone(),
             flags: AtomicU32::new(0),
@@ -511,6 +514,22 @@ impl Instance {
 
     /// Appends an entry to `error_log`, as the kernel's `tracing_log_err`: a location, the
     /// message, the command, and a caret under byte `pos` of the command.
+    /// Appends an already formatted entry (`LOCATION: error: …` lines) to `error_log`,
+    /// stamped with the time.
+    pub fn log_error_text(&self, text: &str) {
+        let ts = ustrace_ringbuf::clock::now(self.shared.buffer.clock());
+        let text = format!(
+            "[{:>5}.{:06}] {text}",
+            ts / 1_000_000_000,
+            (ts % 1_000_000_000) / 1000,
+        );
+        let mut log = self.error_log.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() == ERROR_LOG_MAX {
+            log.pop_front();
+        }
+        log.push_back(LoggedError { text });
+    }
+
     pub fn log_error(&self, location: &str, message: &str, command: &str, pos: usize) {
         let ts = ustrace_ringbuf::clock::now(self.shared.buffer.clock());
         let text = format!(

@@ -58,11 +58,120 @@ struct Registrations<P: ?Sized> {
     retired: Vec<*mut Vec<Arc<P>>>,
 }
 
+/// A probe that sees a tracepoint's arguments as raw words (dynamic `t:` events).
+pub type RawProbe = Arc<dyn Fn(&[u64]) + Send + Sync>;
+
 /// What every tracepoint tells about itself, whatever its prototype.
 pub struct TracepointInfo {
     pub name: &'static str,
     /// The prototype as written, e.g. `["key: &str", "hit: bool"]`.
     pub args: &'static [&'static str],
+    /// Attaches a [`RawProbe`]; set for tracepoints declared with the macros.
+    pub register_raw: Option<fn(i32, RawProbe) -> ProbeId>,
+}
+
+/// How a tracepoint argument appears to a raw probe: integers as themselves, `bool` as 0 or
+/// 1, pointers and references as addresses, `&str` and slices as two words (address, then
+/// length: a `&str` is not NUL-terminated, so `:string` fetches must bound it). Any other
+/// type is passed by address (see [`RawViaAddress`]).
+pub trait RawArg {
+    /// Writes the words into `out`; returns how many (0 when `out` is too short).
+    fn raw(&self, out: &mut [u64]) -> usize;
+}
+
+macro_rules! raw_int {
+    ($($t:ty),*) => {$(
+        impl RawArg for $t {
+            #[inline(always)]
+            fn raw(&self, out: &mut [u64]) -> usize {
+                match out.first_mut() {
+                    Some(slot) => {
+                        *slot = *self as u64;
+                        1
+                    }
+                    None => 0,
+                }
+            }
+        }
+    )*};
+}
+raw_int!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize, bool, char);
+
+impl RawArg for &str {
+    #[inline(always)]
+    fn raw(&self, out: &mut [u64]) -> usize {
+        if out.len() < 2 {
+            return 0;
+        }
+        out[0] = self.as_ptr() as u64;
+        out[1] = self.len() as u64;
+        2
+    }
+}
+
+impl<T> RawArg for &[T] {
+    #[inline(always)]
+    fn raw(&self, out: &mut [u64]) -> usize {
+        if out.len() < 2 {
+            return 0;
+        }
+        out[0] = self.as_ptr() as u64;
+        out[1] = self.len() as u64;
+        2
+    }
+}
+
+/// A reference is its address, so `+OFFS($argN)` fetches read the referenced value.
+impl<T> RawArg for &T {
+    #[inline(always)]
+    fn raw(&self, out: &mut [u64]) -> usize {
+        (*self as *const T as usize).raw(out)
+    }
+}
+
+impl<T> RawArg for *const T {
+    #[inline(always)]
+    fn raw(&self, out: &mut [u64]) -> usize {
+        (*self as usize).raw(out)
+    }
+}
+
+impl<T> RawArg for *mut T {
+    #[inline(always)]
+    fn raw(&self, out: &mut [u64]) -> usize {
+        (*self as usize).raw(out)
+    }
+}
+
+/// Wraps an argument for raw conversion; see [`RawViaTrait`] and [`RawViaAddress`].
+#[doc(hidden)]
+pub struct RawWrap<'a, T: ?Sized>(pub &'a T);
+
+/// Chosen when the argument's type is a [`RawArg`].
+#[doc(hidden)]
+pub trait RawViaTrait {
+    fn raw_into(&self, out: &mut [u64]) -> usize;
+}
+
+impl<T: RawArg + ?Sized> RawViaTrait for RawWrap<'_, T> {
+    #[inline(always)]
+    fn raw_into(&self, out: &mut [u64]) -> usize {
+        self.0.raw(out)
+    }
+}
+
+/// Chosen (by auto-ref, one step later in method lookup) for every other type: the
+/// argument's address, so fetch arguments can dereference into it.
+#[doc(hidden)]
+pub trait RawViaAddress {
+    fn raw_into(&self, out: &mut [u64]) -> usize;
+}
+
+impl<T: ?Sized> RawViaAddress for &RawWrap<'_, T> {
+    #[inline(always)]
+    fn raw_into(&self, out: &mut [u64]) -> usize {
+        (self.0 as *const T as *const () as usize).raw(out)
+    }
 }
 
 /// A tracepoint whose probes have the type `P` (`dyn Fn(args…) + Send + Sync`).
@@ -87,7 +196,7 @@ unsafe impl<P: ?Sized + Send + Sync> Send for Tracepoint<P> {}
 impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
     /// A tracepoint with no probes, tested at call sites by a load of its flag.
     pub const fn new(name: &'static str, args: &'static [&'static str]) -> Self {
-        Self::with_key(name, args, None)
+        Self::with_key(name, args, None, None)
     }
 
     /// A tracepoint whose call sites test `key`, a patched jump (what
@@ -96,9 +205,14 @@ impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
         name: &'static str,
         args: &'static [&'static str],
         key: Option<&'static StaticKey>,
+        register_raw: Option<fn(i32, RawProbe) -> ProbeId>,
     ) -> Self {
         Tracepoint {
-            info: TracepointInfo { name, args },
+            info: TracepointInfo {
+                name,
+                args,
+                register_raw,
+            },
             key,
             enabled: AtomicBool::new(false),
             probes: AtomicPtr::new(std::ptr::null_mut()),
@@ -298,6 +412,8 @@ pub static TRACEPOINTS: [&'static dyn TracepointEntry];
 pub trait TracepointEntry: Reap {
     fn info(&self) -> &TracepointInfo;
     fn probe_count(&self) -> usize;
+    /// Detaches a probe whatever its type (raw probes included).
+    fn unregister_id(&self, id: ProbeId) -> Result<(), ProbeError>;
 }
 
 impl<P: ?Sized + Send + Sync + 'static> TracepointEntry for Tracepoint<P> {
@@ -306,6 +422,9 @@ impl<P: ?Sized + Send + Sync + 'static> TracepointEntry for Tracepoint<P> {
     }
     fn probe_count(&self) -> usize {
         Tracepoint::probe_count(self)
+    }
+    fn unregister_id(&self, id: ProbeId) -> Result<(), ProbeError> {
+        self.unregister(id)
     }
 }
 
@@ -327,6 +446,9 @@ pub fn synchronize_unregister() {
 }
 
 /// Declares a tracepoint: a module with the tracepoint, its call and its registration.
+///
+/// Argument types must be `Copy` (every probe receives them): integers, references,
+/// pointers, small `Copy` structs.
 ///
 /// ```
 /// ustrace::declare_tracepoint! {
@@ -375,6 +497,7 @@ macro_rules! __tracepoint_items {
                 stringify!($name),
                 &[$(concat!(stringify!($arg), ": ", stringify!($ty))),*],
                 Some(&KEY),
+                Some(register_raw),
             );
 
         #[$crate::__private::linkme::distributed_slice($crate::tracepoint::TRACEPOINTS)]
@@ -434,6 +557,23 @@ macro_rules! __tracepoint_items {
             )
         }
 
+        /// Attaches a probe that sees the arguments as raw words (see
+        /// [`RawArg`]($crate::tracepoint::RawArg)), for dynamic `t:` events.
+        pub fn register_raw(
+            prio: i32,
+            probe: $crate::tracepoint::RawProbe,
+        ) -> $crate::tracepoint::ProbeId {
+            register(prio, move |$($arg: $ty),*| {
+                #[allow(unused_imports)]
+                use $crate::tracepoint::{RawViaAddress as _, RawViaTrait as _};
+                let mut words = [0u64; 64];
+                #[allow(unused_mut)]
+                let mut n = 0usize;
+                $( n += (&$crate::tracepoint::RawWrap(&$arg)).raw_into(&mut words[n..]); )*
+                probe(&words[..n]);
+            })
+        }
+
         /// Detaches the probe registered with this `(probe, data)` pair.
         pub fn unregister_with_data<D: Send + Sync + 'static>(
             probe: fn(&D, $($ty),*),
@@ -458,6 +598,46 @@ mod tests {
     }
     crate::declare_tracepoint! {
         fn tp_test_stress(x: u64);
+    }
+
+    pub struct Opaque {
+        pub _inner: u64,
+    }
+
+    crate::declare_tracepoint! {
+        fn tp_test_raw(a: u32, s: &str, flag: bool, o: &Opaque, t: (u8, u8));
+    }
+
+    #[test]
+    fn raw_probes_see_words_and_addresses() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let register = super::find("tp_test_raw")
+            .unwrap()
+            .info()
+            .register_raw
+            .unwrap();
+        let id = register(
+            0,
+            Arc::new(move |words: &[u64]| sink.lock().unwrap().push(words.to_vec())),
+        );
+        let o = Opaque { _inner: 7 };
+        tp_test_raw::trace(5, "hey", true, &o, (1, 2));
+        let words = seen.lock().unwrap()[0].clone();
+        assert_eq!(words.len(), 6);
+        assert_eq!(words[0], 5);
+        // SAFETY: the probe ran during the call above, while "hey" (a static) was alive.
+        let text = unsafe { std::slice::from_raw_parts(words[1] as *const u8, words[2] as usize) };
+        assert_eq!(text, b"hey");
+        assert_eq!(words[3], 1);
+        assert_eq!(
+            words[4], &o as *const Opaque as u64,
+            "references are passed as addresses"
+        );
+        super::find("tp_test_raw")
+            .unwrap()
+            .unregister_id(id)
+            .unwrap();
     }
 
     #[test]

@@ -37,12 +37,58 @@ pub const MAX_TRIGGERS: usize = 64;
 /// Most stack frames a `stacktrace` trigger records.
 pub const MAX_STACK: usize = 32;
 
+/// Code that runs on every record of an event (an eprobe on its source event).
+pub type RecordHook = Arc<dyn Fn(&[u8]) + Send + Sync>;
+
 /// One registered trigger.
 pub struct Registered {
     trigger: Trigger,
     filter: Option<ustrace_filter::Program>,
     /// The event an `enable_event`/`disable_event` acts on (held in soft mode).
     target: Option<Arc<EventFile>>,
+    /// Set for internal record hooks, which the `trigger` file neither lists nor matches.
+    hook: Option<RecordHook>,
+}
+
+/// Identifies a record hook for [`remove_hook`].
+#[derive(Clone)]
+pub struct HookId(Arc<Registered>);
+
+/// Runs `hook` on every record of `file` that passes `filter`, whether or not the event is
+/// enabled (it is held in soft mode), as the kernel attaches an eprobe to its source event.
+pub fn add_hook(
+    file: &Arc<EventFile>,
+    filter: Option<ustrace_filter::Program>,
+    hook: RecordHook,
+) -> Result<HookId, Errno> {
+    let mut list = file.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
+    if list.len() >= MAX_TRIGGERS {
+        return Err(Errno::ENOSPC);
+    }
+    let command = syntax::parse("traceon").map_err(|e| Errno(e.errno()))?;
+    let entry = Arc::new(Registered {
+        trigger: Trigger::new(command),
+        filter,
+        target: None,
+        hook: Some(hook),
+    });
+    list.push(entry.clone());
+    publish(file, &list);
+    drop(list);
+    file.soft_mode_get()?;
+    Ok(HookId(entry))
+}
+
+/// Removes a hook added by [`add_hook`].
+pub fn remove_hook(file: &Arc<EventFile>, id: &HookId) {
+    let mut list = file.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(at) = list.iter().position(|t| Arc::ptr_eq(t, &id.0)) else {
+        return;
+    };
+    list.remove(at);
+    publish(file, &list);
+    drop(list);
+    file.soft_mode_put();
 }
 
 impl Registered {
@@ -54,10 +100,15 @@ impl Registered {
 /// The `trigger` file's text.
 pub fn listing(file: &EventFile) -> String {
     let list = file.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
-    if list.is_empty() {
+    let shown: Vec<String> = list
+        .iter()
+        .filter(|t| t.hook.is_none())
+        .map(|t| format!("{}\n", t.listing()))
+        .collect();
+    if shown.is_empty() {
         return syntax::available_triggers_text(AVAILABLE);
     }
-    list.iter().map(|t| format!("{}\n", t.listing())).collect()
+    shown.concat()
 }
 
 /// Applies one write to an event's `trigger` file.
@@ -79,7 +130,10 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, text: &str) -> Result<(
         return Ok(());
     }
     let mut list = file.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
-    if list.iter().any(|t| t.trigger.command().conflicts(&command)) {
+    if list
+        .iter()
+        .any(|t| t.hook.is_none() && t.trigger.command().conflicts(&command))
+    {
         return Err(Errno::EEXIST);
     }
     if list.len() >= MAX_TRIGGERS {
@@ -102,6 +156,7 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, text: &str) -> Result<(
             trigger: Trigger::new(command),
             filter,
             target,
+            hook: None,
         }),
     );
     publish(file, &list);
@@ -132,7 +187,11 @@ fn remove(file: &Arc<EventFile>, command: &Command) {
 pub fn clear(file: &Arc<EventFile>) {
     let removed: Vec<_> = {
         let mut list = file.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
-        let removed = std::mem::take(&mut *list);
+        let (hooks, removed): (Vec<_>, Vec<_>) = std::mem::take(&mut *list)
+            .into_iter()
+            .partition(|t| t.hook.is_some());
+        // Hooks belong to the dynamic events that added them; they remove their own.
+        *list = hooks;
         publish(file, &list);
         removed
     };
@@ -145,7 +204,7 @@ pub fn clear(file: &Arc<EventFile>) {
 }
 
 fn publish(file: &EventFile, list: &[Arc<Registered>]) {
-    let conditional = list.iter().any(|t| t.filter.is_some());
+    let conditional = list.iter().any(|t| t.filter.is_some() || t.hook.is_some());
     file.set_trigger_flags(!list.is_empty(), conditional);
     file.triggers.replace(if list.is_empty() {
         None
@@ -169,6 +228,12 @@ pub(crate) fn evaluate(file: &EventFile, record: Option<&[u8]>) -> u64 {
             if !crate::filter::matches(filter, record) {
                 continue;
             }
+        }
+        if let Some(hook) = &t.hook {
+            if let Some(record) = record {
+                hook(record);
+            }
+            continue;
         }
         if !wants_to_fire(file, t) {
             continue;
@@ -202,6 +267,9 @@ pub(crate) fn run_actions(file: &EventFile, fired: u64) {
     };
     for (i, t) in triggers.iter().enumerate().take(MAX_TRIGGERS) {
         if fired & (1 << i) == 0 {
+            continue;
+        }
+        if t.hook.is_some() {
             continue;
         }
         match &t.trigger.command().kind {

@@ -54,6 +54,11 @@ pub trait EventClass: Send + Sync + 'static {
     fn display_fmt(&self, fields: &[FieldDesc]) -> String {
         self.print_fmt(fields)
     }
+    /// Writes the whole line text after the context (`name: …`) itself, for events whose
+    /// lines are not a print format (dynamic events); false leaves it to the print format.
+    fn render_line(&self, _record: &[u8], _out: &mut String) -> bool {
+        false
+    }
 }
 
 /// An event defined with [`trace_event!`](crate::trace_event): everything is known at

@@ -36,8 +36,11 @@ impl Event {
     fn new(id: EventId, class: Arc<dyn EventClass>) -> Arc<Event> {
         let fields = class.fields();
         let print_fmt = class.print_fmt(&fields);
+        // A format we cannot evaluate still leaves the event usable: its lines print the
+        // marker libtraceevent prints, unless the class renders them itself.
         let display = PrintFmt::compile(&class.display_fmt(&fields), &fields)
-            .unwrap_or_else(|e| panic!("event {}:{}: {e}", class.system(), class.name()));
+            .or_else(|_| PrintFmt::compile("\"[FAILED TO PARSE]\"", &[]))
+            .expect("a literal format compiles");
         Arc::new(Event {
             id,
             class,

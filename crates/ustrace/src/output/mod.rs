@@ -151,6 +151,11 @@ pub fn format_event(instance: &Instance, event: &RawEvent, out: &mut String) {
         return;
     }
     match registered {
+        Some(ev) if ev.class.render_line(record, out) => {
+            if !out.ends_with('\n') {
+                out.push('\n');
+            }
+        }
         Some(ev) => {
             out.push_str(ev.class.output_name());
             out.push_str(": ");

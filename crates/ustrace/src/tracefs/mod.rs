@@ -64,6 +64,9 @@ const INSTANCE_FILES: &[(&str, u32)] = &[
 const TOP_FILES: &[(&str, u32)] = &[
     ("README", 0o444),
     ("available_events", 0o444),
+    ("available_filter_functions", 0o444),
+    ("dynamic_events", 0o644),
+    ("enabled_functions", 0o444),
     ("saved_cmdlines", 0o444),
     ("saved_cmdlines_size", 0o644),
 ];
@@ -499,6 +502,11 @@ fn open_instance_file(
     match name {
         "README" => text(README),
         "available_events" => text(registry().available_events()),
+        "available_filter_functions" => {
+            text(ustrace_inspect::symbols::inventory().available_filter_functions())
+        }
+        "enabled_functions" => text(ustrace_fprobe::enabled_functions()),
+        "dynamic_events" => crate::dynevent::open(flags),
         "available_tracers" => text("nop\n"),
         "current_tracer" => rw(
             "nop\n",

@@ -1,0 +1,536 @@
+//! Dynamic events: the `dynamic_events` file (fprobetrace.rst, eprobetrace.rst).
+//!
+//! A line written to `dynamic_events` is parsed and compiled by `ustrace_probe` into a
+//! definition and a flat fetch program; here it becomes an event like any other — registered,
+//! given an id and a file in every instance, with `enable`, `filter`, `trigger` and
+//! `format` — whose records are produced by what the definition attaches to:
+//!
+//! ```text
+//!  f SYM / f SYM%return ──> an fprobe (ustrace-fprobe) on SYM: entry handler, or entry
+//!                           (saving the entry args an exit probe reads) + exit handler
+//!  t TRACEPOINT         ──> a raw probe on the tracepoint: its arguments as words
+//!  e SYS.EVENT          ──> a record hook on SYS.EVENT in the same instance: runs on every
+//!                           record of it (filtered by `if FILTER`), even while it is off
+//!          │
+//!          ▼  the probe: wants_record? ─> size the record ─> EventFile::record: run the
+//!             fetch program into it (no allocation, faults become the kernel's marks)
+//! ```
+//!
+//! Nothing is attached until the event is enabled (or a trigger holds it in soft mode), as
+//! with static events. A definition that names something missing fails when written, with
+//! the kernel's error message in `error_log`.
+
+use std::sync::{Arc, Mutex};
+
+use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
+use ustrace_fprobe::{EntryAction, Fprobe, PtRegs};
+use ustrace_probe::{
+    parse_command, DynCommand, FetchContext, FieldSpec, ProbeDefinition, ProbeEnv, ProbeKind,
+    Program,
+};
+
+use crate::event::{registry, Attachment, EventClass, EventId, FieldDesc, FieldKind};
+use crate::trace::{tracing, EventFile};
+use crate::tracefs::files::TextFile;
+
+/// A dynamic event's class: its definition and compiled program.
+pub struct DynEvent {
+    pub definition: ProbeDefinition,
+    program: Arc<Program>,
+    fields: Vec<FieldDesc>,
+    /// For eprobes: the source event's id and the compiled `if` filter text.
+    source: Option<EventId>,
+}
+
+/// Dynamic events in creation order (the order `dynamic_events` lists them).
+static DYNAMIC: Mutex<Vec<(EventId, Arc<DynEvent>)>> = Mutex::new(Vec::new());
+
+fn to_desc(spec: &FieldSpec) -> FieldDesc {
+    let kind = match spec.kind {
+        ustrace_probe::FieldKind::Int => FieldKind::Int,
+        ustrace_probe::FieldKind::IntArray { elem_size, len } => {
+            FieldKind::IntArray { elem_size, len }
+        }
+        ustrace_probe::FieldKind::CharArray => FieldKind::CharArray,
+        ustrace_probe::FieldKind::DynString => FieldKind::DynString,
+        ustrace_probe::FieldKind::DynBytes => FieldKind::DynBytes,
+        ustrace_probe::FieldKind::TailString => FieldKind::TailString,
+        ustrace_probe::FieldKind::StringPtr => FieldKind::StringPtr,
+    };
+    FieldDesc {
+        name: spec.name.clone().into(),
+        c_type: spec.c_type.clone().into(),
+        offset: spec.offset,
+        size: spec.size,
+        signed: spec.signed,
+        kind,
+    }
+}
+
+fn to_spec(desc: &FieldDesc) -> FieldSpec {
+    let kind = match desc.kind {
+        FieldKind::Int => ustrace_probe::FieldKind::Int,
+        FieldKind::IntArray { elem_size, len } => {
+            ustrace_probe::FieldKind::IntArray { elem_size, len }
+        }
+        FieldKind::CharArray => ustrace_probe::FieldKind::CharArray,
+        FieldKind::DynString => ustrace_probe::FieldKind::DynString,
+        FieldKind::DynBytes => ustrace_probe::FieldKind::DynBytes,
+        FieldKind::TailString => ustrace_probe::FieldKind::TailString,
+        FieldKind::StringPtr => ustrace_probe::FieldKind::StringPtr,
+    };
+    FieldSpec {
+        name: desc.name.to_string(),
+        c_type: desc.c_type.to_string(),
+        offset: desc.offset,
+        size: desc.size,
+        signed: desc.signed,
+        kind,
+    }
+}
+
+/// What a definition may name: this process's functions, debug info, tracepoints, events.
+struct CoreEnv {
+    inspect: ustrace_probe::InspectEnv,
+}
+
+impl ProbeEnv for CoreEnv {
+    fn function_info(&self, name: &str) -> Option<ustrace_inspect::debuginfo::FunctionInfo> {
+        self.inspect.function_info(name)
+    }
+    fn has_tracepoint(&self, name: &str) -> bool {
+        crate::tracepoint::find(name).is_some()
+    }
+    fn event_fields(&self, system: &str, event: &str) -> Option<Vec<FieldSpec>> {
+        let event = registry().find(system, event)?;
+        Some(event.all_fields().iter().map(to_spec).collect())
+    }
+    fn resolve_symbol(&self, name: &str) -> Option<u64> {
+        self.inspect.resolve_symbol(name)
+    }
+}
+
+/// What a probe hit offers the fetch program.
+struct HitContext<'a> {
+    regs: Option<&'a PtRegs>,
+    /// Raw tracepoint arguments (`t` probes).
+    words: &'a [u64],
+    record: &'a [u8],
+    entry: &'a [u64],
+    ip: u64,
+    ret_ip: u64,
+    comm: [u8; 16],
+}
+
+impl FetchContext for HitContext<'_> {
+    fn arg(&self, n: usize) -> u64 {
+        match self.regs {
+            Some(regs) => regs.arg(n).unwrap_or(0),
+            None => self.words.get(n).copied().unwrap_or(0),
+        }
+    }
+    fn register(&self, name: &str) -> Option<u64> {
+        let r = self.regs?;
+        Some(match name {
+            "ax" | "rax" => r.ax,
+            "bx" | "rbx" => r.bx,
+            "cx" | "rcx" => r.cx,
+            "dx" | "rdx" => r.dx,
+            "si" | "rsi" => r.si,
+            "di" | "rdi" => r.di,
+            "bp" | "rbp" => r.bp,
+            "sp" | "rsp" => r.sp,
+            "ip" | "rip" => r.ip,
+            "r8" => r.r8,
+            "r9" => r.r9,
+            "r10" => r.r10,
+            "r11" => r.r11,
+            "r12" => r.r12,
+            "r13" => r.r13,
+            "r14" => r.r14,
+            "r15" => r.r15,
+            "flags" => r.flags,
+            "orig_ax" => r.orig_ax,
+            _ => return None,
+        })
+    }
+    fn stack_pointer(&self) -> u64 {
+        self.regs.map_or(0, |r| r.sp)
+    }
+    fn return_value(&self) -> u64 {
+        self.regs.map_or(0, |r| r.ax)
+    }
+    fn comm(&self) -> &[u8] {
+        &self.comm
+    }
+    fn event_record(&self) -> &[u8] {
+        self.record
+    }
+    fn entry_data(&self) -> &[u64] {
+        self.entry
+    }
+    fn probe_ip(&self) -> u64 {
+        self.ip
+    }
+    fn return_ip(&self) -> u64 {
+        self.ret_ip
+    }
+}
+
+thread_local! {
+    static COMM: std::cell::Cell<Option<[u8; 16]>> = const { std::cell::Cell::new(None) };
+}
+
+fn comm() -> [u8; 16] {
+    COMM.with(|c| {
+        if let Some(comm) = c.get() {
+            return comm;
+        }
+        let name = crate::thread::current_comm();
+        let mut bytes = [0u8; 16];
+        let n = name.len().min(15);
+        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+        c.set(Some(bytes));
+        bytes
+    })
+}
+
+/// Writes one record of `program` for this hit into `file`.
+#[inline]
+fn emit(file: &EventFile, program: &Program, ctx: &HitContext<'_>) {
+    if !file.wants_record() {
+        return;
+    }
+    let header = crate::event::field::COMMON_SIZE;
+    let size = program.record_size(ctx);
+    file.record(header + size, |record| {
+        program.run(ctx, &mut record[header..]);
+    });
+}
+
+/// Detaches on drop.
+enum Attached {
+    Fprobe(Option<Fprobe>),
+    Tracepoint(
+        &'static dyn crate::tracepoint::TracepointEntry,
+        crate::tracepoint::ProbeId,
+    ),
+    Hook(Arc<EventFile>, crate::trigger::HookId),
+}
+
+impl Attachment for Attached {
+    fn detach(self: Box<Self>) {
+        match *self {
+            Attached::Fprobe(mut fp) => {
+                if let Some(fp) = fp.take() {
+                    let _ = fp.unregister();
+                }
+            }
+            Attached::Tracepoint(tp, id) => {
+                let _ = tp.unregister_id(id);
+            }
+            Attached::Hook(source, id) => crate::trigger::remove_hook(&source, &id),
+        }
+    }
+}
+
+impl EventClass for DynEvent {
+    fn system(&self) -> &str {
+        &self.definition.group
+    }
+    fn name(&self) -> &str {
+        &self.definition.event
+    }
+    fn fields(&self) -> Vec<FieldDesc> {
+        self.fields.clone()
+    }
+    fn print_fmt(&self, _fields: &[FieldDesc]) -> String {
+        self.program.print_fmt()
+    }
+    fn render_line(&self, record: &[u8], out: &mut String) -> bool {
+        let inventory = ustrace_inspect::symbols::inventory();
+        self.program
+            .print_event(&self.definition, record, Some(&inventory), out);
+        true
+    }
+    fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
+        let program = self.program.clone();
+        match self.definition.kind {
+            ProbeKind::Fentry => {
+                let fp = Fprobe::builder()
+                    .entry_handler(move |_fp, entry_ip, _ret_ip, regs, _data| {
+                        let ctx = HitContext {
+                            regs: Some(regs),
+                            words: &[],
+                            record: &[],
+                            entry: &[],
+                            ip: entry_ip as u64,
+                            ret_ip: 0,
+                            comm: comm(),
+                        };
+                        emit(&file, &program, &ctx);
+                        EntryAction::Continue
+                    })
+                    .register_syms(&[self.definition.target.as_str()])
+                    .map_err(fprobe_errno)?;
+                Ok(Box::new(Attached::Fprobe(Some(fp))))
+            }
+            ProbeKind::Fexit => {
+                let entry_words = program.entry_data_size() / 8;
+                let saver = program.clone();
+                let mut builder = Fprobe::builder();
+                if self.definition.maxactive > 0 {
+                    builder = builder.nr_maxactive(self.definition.maxactive);
+                }
+                let fp = builder
+                    .entry_data_size(program.entry_data_size().max(8))
+                    .entry_handler(move |_fp, entry_ip, _ret_ip, regs, data| {
+                        if entry_words > 0 {
+                            let ctx = HitContext {
+                                regs: Some(regs),
+                                words: &[],
+                                record: &[],
+                                entry: &[],
+                                ip: entry_ip as u64,
+                                ret_ip: 0,
+                                comm: comm(),
+                            };
+                            let mut words = [0u64; 16];
+                            let n = entry_words.min(words.len());
+                            saver.save_entry(&ctx, &mut words[..n]);
+                            for (chunk, w) in data.chunks_exact_mut(8).zip(&words[..n]) {
+                                chunk.copy_from_slice(&w.to_ne_bytes());
+                            }
+                        }
+                        EntryAction::Continue
+                    })
+                    .exit_handler(move |_fp, entry_ip, ret_ip, regs, data| {
+                        let mut words = [0u64; 16];
+                        let n = entry_words.min(words.len());
+                        for (w, chunk) in words[..n].iter_mut().zip(data.chunks_exact(8)) {
+                            *w = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
+                        }
+                        let ctx = HitContext {
+                            regs: Some(regs),
+                            words: &[],
+                            record: &[],
+                            entry: &words[..n],
+                            ip: entry_ip as u64,
+                            ret_ip: ret_ip as u64,
+                            comm: comm(),
+                        };
+                        emit(&file, &program, &ctx);
+                    })
+                    .register_syms(&[self.definition.target.as_str()])
+                    .map_err(fprobe_errno)?;
+                Ok(Box::new(Attached::Fprobe(Some(fp))))
+            }
+            ProbeKind::Tracepoint => {
+                let tp = crate::tracepoint::find(&self.definition.target).ok_or(Errno::ENOENT)?;
+                let register = tp.info().register_raw.ok_or(Errno::EINVAL)?;
+                let id = register(
+                    0,
+                    Arc::new(move |words: &[u64]| {
+                        let ctx = HitContext {
+                            regs: None,
+                            words,
+                            record: &[],
+                            entry: &[],
+                            ip: 0,
+                            ret_ip: 0,
+                            comm: comm(),
+                        };
+                        emit(&file, &program, &ctx);
+                    }),
+                );
+                Ok(Box::new(Attached::Tracepoint(tp, id)))
+            }
+            ProbeKind::Eprobe => {
+                let instance = file.instance.upgrade().ok_or(Errno::ENODEV)?;
+                let source = instance
+                    .file(self.source.ok_or(Errno::ENOENT)?)
+                    .ok_or(Errno::ENOENT)?;
+                let filter = match &self.definition.filter {
+                    Some(text) => Some(crate::filter::compile_for(&instance, &source.event, text)?),
+                    None => None,
+                };
+                let id = crate::trigger::add_hook(
+                    &source,
+                    filter,
+                    Arc::new(move |record: &[u8]| {
+                        let ctx = HitContext {
+                            regs: None,
+                            words: &[],
+                            record,
+                            entry: &[],
+                            ip: 0,
+                            ret_ip: 0,
+                            comm: comm(),
+                        };
+                        emit(&file, &program, &ctx);
+                    }),
+                )?;
+                Ok(Box::new(Attached::Hook(source, id)))
+            }
+            ProbeKind::Uprobe | ProbeKind::Uretprobe => Err(Errno::EINVAL),
+        }
+    }
+}
+
+fn fprobe_errno(e: ustrace_fprobe::Error) -> Errno {
+    match e {
+        ustrace_fprobe::Error::NoMatch(_) => Errno::ENOENT,
+        ustrace_fprobe::Error::Unsupported(_) => Errno(libc::EOPNOTSUPP),
+        ustrace_fprobe::Error::TooManySites | ustrace_fprobe::Error::TooManyProbes => Errno::ENOSPC,
+        _ => Errno::EINVAL,
+    }
+}
+
+/// The `dynamic_events` listing: every dynamic event in the kernel's canonical form.
+pub fn listing() -> String {
+    let events = DYNAMIC.lock().unwrap_or_else(|e| e.into_inner());
+    events
+        .iter()
+        .map(|(_, e)| format!("{}\n", e.definition.canonical()))
+        .collect()
+}
+
+fn in_use(id: EventId) -> bool {
+    tracing().all().iter().any(|instance| {
+        instance
+            .file(id)
+            .is_some_and(|f| f.is_enabled() || f.is_soft_disabled())
+    }) || DYNAMIC
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|(_, e)| e.source == Some(id))
+}
+
+/// Creates one dynamic event from a parsed definition.
+pub fn create(definition: ProbeDefinition) -> Result<EventId, Errno> {
+    let source = match definition.kind {
+        ProbeKind::Eprobe => Some(
+            registry()
+                .find(&definition.target_system, &definition.target)
+                .ok_or(Errno::ENOENT)?
+                .id,
+        ),
+        ProbeKind::Fentry | ProbeKind::Fexit => {
+            // Check now that the function can be patched, so the error comes at definition.
+            let inventory = ustrace_inspect::symbols::inventory();
+            let symbol = inventory
+                .find(&definition.target)
+                .into_iter()
+                .next()
+                .ok_or(Errno::ENOENT)?;
+            if ustrace_fprobe::check_patchable(symbol.addr).is_some() {
+                return Err(Errno::EINVAL);
+            }
+            None
+        }
+        ProbeKind::Uprobe | ProbeKind::Uretprobe => return Err(Errno::EINVAL),
+        ProbeKind::Tracepoint => None,
+    };
+    let program = definition.compile(Some(ustrace_inspect::symbols::inventory()));
+    let fields = program.fields().iter().map(to_desc).collect();
+    let class = Arc::new(DynEvent {
+        definition,
+        program: Arc::new(program),
+        fields,
+        source,
+    });
+    let event = registry().add(class.clone())?;
+    tracing().add_event(event.clone());
+    DYNAMIC
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((event.id, class));
+    Ok(event.id)
+}
+
+/// Removes one dynamic event; `EBUSY` while it is enabled, held by triggers, or the source
+/// of an eprobe.
+pub fn remove(id: EventId) -> Result<(), Errno> {
+    if in_use(id) {
+        return Err(Errno::EBUSY);
+    }
+    tracing().remove_event(id);
+    registry().remove(id);
+    DYNAMIC
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(e, _)| *e != id);
+    crate::tracepoint::synchronize_unregister();
+    Ok(())
+}
+
+/// Applies one line of `dynamic_events` input.
+fn run_line(line: &str) -> Result<(), Errno> {
+    let env = CoreEnv {
+        inspect: ustrace_probe::InspectEnv::new(),
+    };
+    let command = parse_command(line, &env).map_err(|e| {
+        let text = e.log_text();
+        if !text.is_empty() {
+            tracing().top().log_error_text(&text);
+        }
+        Errno(e.errno.code())
+    })?;
+    match command {
+        DynCommand::Empty => Ok(()),
+        DynCommand::Create(definition) => create(definition).map(|_| ()),
+        DynCommand::Remove(removal) => {
+            let matching: Vec<EventId> = DYNAMIC
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter(|(_, e)| e.definition.matches(&removal))
+                .map(|(id, _)| *id)
+                .collect();
+            if matching.is_empty() {
+                return Err(Errno::ENOENT);
+            }
+            for id in matching {
+                remove(id)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Removes every dynamic event (a truncating open of `dynamic_events`): `EBUSY`, and nothing
+/// removed, while any is in use.
+pub fn remove_all() -> Result<(), Errno> {
+    let ids: Vec<EventId> = DYNAMIC
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    if ids.iter().any(|id| in_use(*id)) {
+        return Err(Errno::EBUSY);
+    }
+    for id in ids.into_iter().rev() {
+        remove(id)?;
+    }
+    Ok(())
+}
+
+/// Applies a write to `dynamic_events`: one definition a line.
+pub fn write(data: &[u8]) -> Result<usize, Errno> {
+    let text = std::str::from_utf8(data).map_err(|_| Errno::EINVAL)?;
+    for line in text.split('\n') {
+        run_line(line)?;
+    }
+    Ok(data.len())
+}
+
+/// Opens `dynamic_events`.
+pub fn open(flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
+    if flags.truncate && !flags.append {
+        remove_all()?;
+    }
+    let content = if flags.read { listing() } else { String::new() };
+    Ok(Box::new(TextFile::new(content, Some(Box::new(write)))))
+}
