@@ -71,19 +71,23 @@ impl std::fmt::Debug for CompileEnv<'_> {
 }
 
 /// Number of possible CPUs of this machine (from
-/// `/sys/devices/system/cpu/possible`, else the available parallelism).
+/// `/sys/devices/system/cpu/possible`, else the available parallelism),
+/// read once per process.
 pub fn possible_cpus() -> u32 {
-    if let Ok(s) = std::fs::read_to_string("/sys/devices/system/cpu/possible") {
-        let last = s
-            .trim()
-            .split(',')
-            .filter_map(|r| r.rsplit('-').next()?.parse::<u32>().ok())
-            .max();
-        if let Some(last) = last {
-            return last + 1;
+    static CPUS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| {
+        if let Ok(s) = std::fs::read_to_string("/sys/devices/system/cpu/possible") {
+            let last = s
+                .trim()
+                .split(',')
+                .filter_map(|r| r.rsplit('-').next()?.parse::<u32>().ok())
+                .max();
+            if let Some(last) = last {
+                return last + 1;
+            }
         }
-    }
-    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+    })
 }
 
 /// Whether a write to `filter` means "clear the filter": the kernel strips
