@@ -6,7 +6,9 @@
 //!
 //! JSON names are an interface: `tracepoint_off`, `tracepoint_noop_probe`, `event_3ints`,
 //! `event_string16`, `event_soft_disabled`, `filter_reject_3preds`, `ring_buffer_write_32b`,
-//! `ring_buffer_write_32b_2threads` (which adds `scaling`), and later issues add theirs.
+//! `ring_buffer_write_32b_2threads` (which adds `scaling`), `fprobe_entry`,
+//! `fprobe_entry_exit`, `fprobe_event_2args` and `eprobe_on_event`. The fprobe figures use
+//! an uninstrumented call of the same `#[inline(never)]` function as their baseline.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -130,6 +132,31 @@ fn string16_loop(n: u64) {
         string16::trace(text);
     }
     black_box(acc);
+}
+
+/// The function the fprobe figures probe; its unprobed calls are their baseline.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn ustrace_bench_target(a: u64, b: u64) -> u64 {
+    black_box(a.wrapping_mul(31) ^ b)
+}
+
+#[inline(never)]
+fn call_loop(n: u64) {
+    let mut acc = 0u64;
+    for i in 0..n {
+        acc = acc.wrapping_add(ustrace_bench_target(black_box(i), 7));
+    }
+    black_box(acc);
+}
+
+fn append(path: &str, text: &str) -> Result<(), String> {
+    let mut file = ustrace::tracefs()
+        .open(path, OpenFlags::APPEND)
+        .map_err(|e| format!("open {path}: {e}"))?;
+    file.write(text.as_bytes())
+        .map_err(|e| format!("write {path}: {e}"))?;
+    Ok(())
 }
 
 fn set(path: &str, text: &str) -> Result<(), String> {
@@ -284,6 +311,67 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             extra: None,
         });
         file.soft_mode_put();
+    }
+    let call_baseline = if wanted("fprobe") {
+        time_per_op(n, reps, call_loop)
+    } else {
+        0.0
+    };
+    let target = ustrace_bench_target as extern "C" fn(u64, u64) -> u64 as usize;
+    if wanted("fprobe_entry") {
+        let fp = ustrace_fprobe::Fprobe::builder()
+            .entry_handler(|_, _, _, _, _| ustrace_fprobe::EntryAction::Continue)
+            .register_ips(&[target])
+            .map_err(|e| format!("fprobe: {e}"))?;
+        figures.push(Figure {
+            name: "fprobe_entry",
+            ns_per_op: time_per_op(n, reps, call_loop),
+            baseline_ns_per_op: call_baseline,
+            extra: None,
+        });
+        fp.unregister().map_err(|e| format!("fprobe: {e}"))?;
+        let fp = ustrace_fprobe::Fprobe::builder()
+            .entry_handler(|_, _, _, _, _| ustrace_fprobe::EntryAction::Continue)
+            .exit_handler(|_, _, _, _, _| {})
+            .register_ips(&[target])
+            .map_err(|e| format!("fprobe: {e}"))?;
+        figures.push(Figure {
+            name: "fprobe_entry_exit",
+            ns_per_op: time_per_op(n, reps, call_loop),
+            baseline_ns_per_op: call_baseline,
+            extra: None,
+        });
+        fp.unregister().map_err(|e| format!("fprobe: {e}"))?;
+    }
+    if wanted("fprobe_event_2args") {
+        append(
+            "dynamic_events",
+            "f:ustrace_bench/fprobe2 ustrace_bench_target a=$arg1 b=$arg2\n",
+        )?;
+        set(&path("events/ustrace_bench/fprobe2/enable"), "1\n")?;
+        figures.push(Figure {
+            name: "fprobe_event_2args",
+            ns_per_op: time_per_op(n, reps, call_loop),
+            baseline_ns_per_op: call_baseline,
+            extra: None,
+        });
+        set(&path("events/ustrace_bench/fprobe2/enable"), "0\n")?;
+        append("dynamic_events", "-:ustrace_bench/fprobe2\n")?;
+    }
+    if wanted("eprobe_on_event") {
+        append(
+            "dynamic_events",
+            "e:ustrace_bench/derived ustrace_bench.ints3 a=$a:u64 c=$c:u64\n",
+        )?;
+        set(&path("events/ustrace_bench/derived/enable"), "1\n")?;
+        figures.push(Figure {
+            name: "eprobe_on_event",
+            ns_per_op: time_per_op(n, reps, ints3_loop),
+            baseline_ns_per_op: baseline,
+            extra: None,
+        });
+        set(&path("events/ustrace_bench/derived/enable"), "0\n")?;
+        append("dynamic_events", "-:ustrace_bench/derived\n")?;
     }
     let _ = tracing().remove_instance(instance);
 
