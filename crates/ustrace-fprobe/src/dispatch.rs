@@ -192,6 +192,8 @@ struct Frame {
 
 struct ThreadState {
     busy: bool,
+    /// Set by the dlopen hook's exit handler; acted on once the dispatcher is left.
+    rescan_pending: bool,
     qslot: u32,
     depth: usize,
     arena_top: usize,
@@ -211,6 +213,7 @@ thread_local! {
     static TS: UnsafeCell<ThreadState> = const {
         UnsafeCell::new(ThreadState {
             busy: false,
+            rescan_pending: false,
             qslot: QSLOT_NONE,
             depth: 0,
             arena_top: 0,
@@ -581,8 +584,19 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
         if !was_busy {
             q_leave(ts);
             (*ts).busy = false;
+            if (*ts).rescan_pending {
+                (*ts).rescan_pending = false;
+                // Outside the dispatcher: an ordinary call made on the way back to the caller.
+                crate::fprobe::rescan_filters();
+            }
         }
     }
+}
+
+/// Asks for [`crate::rescan_filters`] when the current exit dispatch is done.
+pub(crate) fn request_rescan() {
+    // SAFETY: own thread state.
+    unsafe { (*ts()).rescan_pending = true };
 }
 
 /// Puts the real return address back into every hooked frame of the calling thread and forgets

@@ -47,8 +47,12 @@ struct SiteRec {
     internal: Vec<bool>,
 }
 
+type FilterEntry = (std::sync::Weak<Mutex<FpState>>, std::sync::Weak<Probe>);
+
 struct Registry {
     sites: HashMap<usize, SiteRec>,
+    /// Filter-registered fprobes, re-applied after dlopen.
+    filters: Vec<FilterEntry>,
     free_slots: Vec<u32>,
     next_slot: u32,
     next_id: u64,
@@ -61,6 +65,7 @@ fn registry() -> MutexGuard<'static, Option<Registry>> {
     if g.is_none() {
         *g = Some(Registry {
             sites: HashMap::new(),
+            filters: Vec::new(),
             free_slots: Vec::new(),
             next_slot: 0,
             next_id: 1,
@@ -153,9 +158,16 @@ impl FprobeBuilder {
         self
     }
 
+    /// Machinery probe (unwinder hooks): runs first, never hooks returns.
     pub(crate) fn internal(mut self) -> Self {
         self.internal = true;
         self.no_return_hook = true;
+        self
+    }
+
+    /// Machinery probe that needs its exit handler (the dlopen hook).
+    pub(crate) fn internal_with_exit(mut self) -> Self {
+        self.internal = true;
         self
     }
 
@@ -168,8 +180,14 @@ impl FprobeBuilder {
         if targets.is_empty() {
             return Err(Error::NoMatch(filter.to_string()));
         }
-        let mut fp = self.register_targets(targets, false)?;
-        fp.filter = Some((filter.to_string(), notfilter.map(str::to_string)));
+        crate::unwind::ensure_dlopen_hook();
+        let fp = self.register_targets(targets, false)?;
+        fp.state().filter = Some((filter.to_string(), notfilter.map(str::to_string)));
+        let mut g = registry();
+        let reg = g.as_mut().expect("registry initialised");
+        reg.filters.retain(|(st, _)| st.strong_count() > 0);
+        reg.filters
+            .push((Arc::downgrade(&fp.state), Arc::downgrade(&fp.probe)));
         Ok(fp)
     }
 
@@ -227,7 +245,13 @@ impl FprobeBuilder {
     }
 
     fn register_targets(self, targets: Vec<Target>, strict: bool) -> Result<Fprobe, Error> {
-        if self.exit.is_some() && !self.internal {
+        if !arch::SUPPORTED {
+            return Err(Error::Unsupported(format!(
+                "fprobes are not implemented for {}",
+                std::env::consts::ARCH
+            )));
+        }
+        if self.exit.is_some() && !self.no_return_hook {
             crate::unwind::ensure_hooks();
         }
         if self.entry.is_none() && self.exit.is_none() {
@@ -273,41 +297,35 @@ impl FprobeBuilder {
         PSLOTS[slot as usize]
             .probe
             .store(Arc::as_ptr(&probe).cast_mut(), Ordering::Release);
-        let mut fp = Fprobe {
-            probe,
-            funcs: Vec::new(),
-            refused: Vec::new(),
-            filter: None,
-            // Set only once attached: a panic below must not unregister under our lock.
-            registered: false,
-            internal: self.internal,
-        };
         match attach(
             reg,
-            &fp.probe,
+            &probe,
             self.internal,
             self.no_return_hook,
             targets,
             strict,
         ) {
             Ok((funcs, refused)) => {
-                fp.funcs = funcs;
-                fp.refused = refused;
-                if fp.funcs.is_empty() {
-                    release_slot(reg, &fp.probe);
-                    fp.registered = false;
-                    let why = fp
-                        .refused
+                if funcs.is_empty() {
+                    release_slot(reg, &probe);
+                    let why = refused
                         .first()
                         .map(|r| format!("{}: {}", r.function, r.reason));
                     return Err(Error::Refused(why.unwrap_or_else(|| "no function".into())));
                 }
-                fp.registered = true;
-                Ok(fp)
+                Ok(Fprobe {
+                    probe,
+                    state: Arc::new(Mutex::new(FpState {
+                        funcs,
+                        refused,
+                        filter: None,
+                        registered: true,
+                    })),
+                    internal: self.internal,
+                })
             }
             Err(e) => {
-                release_slot(reg, &fp.probe);
-                fp.registered = false;
+                release_slot(reg, &probe);
                 Err(e)
             }
         }
@@ -536,22 +554,27 @@ fn detach(reg: &mut Registry, probe: &Arc<Probe>, funcs: &[usize]) -> Result<(),
     res
 }
 
-/// A registered fprobe. Dropping it unregisters it.
-pub struct Fprobe {
-    probe: Arc<Probe>,
+struct FpState {
     funcs: Vec<usize>,
     refused: Vec<Refusal>,
     filter: Option<(String, Option<String>)>,
     registered: bool,
+}
+
+/// A registered fprobe. Dropping it unregisters it.
+pub struct Fprobe {
+    probe: Arc<Probe>,
+    state: Arc<Mutex<FpState>>,
     internal: bool,
 }
 
 impl std::fmt::Debug for Fprobe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.state();
         f.debug_struct("Fprobe")
             .field("id", &self.probe.id)
-            .field("functions", &self.funcs.len())
-            .field("refused", &self.refused.len())
+            .field("functions", &st.funcs.len())
+            .field("refused", &st.refused.len())
             .field("nmissed", &self.probe.nmissed())
             .finish()
     }
@@ -572,12 +595,16 @@ impl Fprobe {
 
     /// Addresses of the functions this fprobe is attached to.
     pub fn functions(&self) -> Vec<usize> {
-        self.funcs.clone()
+        self.state().funcs.clone()
+    }
+
+    fn state(&self) -> MutexGuard<'_, FpState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Functions matched by the filter that could not be patched, with reasons.
     pub fn refused(&self) -> Vec<Refusal> {
-        self.refused.clone()
+        self.state().refused.clone()
     }
 
     /// `disable_fprobe`: handlers stop being called (exits of calls already entered included);
@@ -594,29 +621,13 @@ impl Fprobe {
     /// Re-applies the registration filter to the functions loaded now (for example after
     /// `dlopen`) and attaches to the new matches. Returns how many functions were added.
     /// Address and symbol registrations have nothing to rescan and return 0.
-    pub fn rescan(&mut self) -> Result<usize, Error> {
-        let Some((filter, notfilter)) = self.filter.clone() else {
-            return Ok(0);
-        };
-        if !self.registered {
-            return Ok(0);
+    pub fn rescan(&self) -> Result<usize, Error> {
+        if dispatch::in_handler() {
+            return Err(Error::Invalid(
+                "cannot rescan from inside an fprobe handler".into(),
+            ));
         }
-        let targets: Vec<Target> = resolve_filter(&filter, notfilter.as_deref())
-            .into_iter()
-            .filter(|t| {
-                !self.funcs.contains(&t.addr) && !self.refused.iter().any(|r| r.addr == t.addr)
-            })
-            .collect();
-        if targets.is_empty() {
-            return Ok(0);
-        }
-        let mut g = registry();
-        let reg = g.as_mut().expect("registry initialised");
-        let (funcs, refused) = attach(reg, &self.probe, self.internal, false, targets, false)?;
-        let n = funcs.len();
-        self.funcs.extend(funcs);
-        self.refused.extend(refused);
-        Ok(n)
+        rescan_one(&self.state, &self.probe, self.internal)
     }
 
     /// `unregister_fprobe`: when this returns, neither handler of this fprobe runs again on any
@@ -626,7 +637,7 @@ impl Fprobe {
     }
 
     fn do_unregister(&mut self) -> Result<(), Error> {
-        if !self.registered {
+        if !self.state().registered {
             return Ok(());
         }
         if dispatch::in_handler() {
@@ -634,16 +645,17 @@ impl Fprobe {
                 "cannot unregister from inside an fprobe handler".into(),
             ));
         }
-        self.registered = false;
+        let mut st = self.state();
+        st.registered = false;
         let mut g = registry();
         let reg = g.as_mut().expect("registry initialised");
-        detach(reg, &self.probe, &self.funcs)
+        detach(reg, &self.probe, &st.funcs)
     }
 }
 
 impl Drop for Fprobe {
     fn drop(&mut self) {
-        if self.registered && dispatch::in_handler() {
+        if self.state().registered && dispatch::in_handler() {
             // Unregistering here would wait for ourselves; keep the probe alive instead.
             std::mem::forget(self.probe.clone());
             return;
@@ -699,4 +711,67 @@ pub fn check_patchable(addr: usize) -> Option<String> {
     }
     drop(g);
     arch::analyze_only(addr, size).err()
+}
+
+thread_local! {
+    /// Set while this thread rescans: building the symbol inventory may itself call dlopen,
+    /// whose hook must not start a nested rescan (it would wait for the locks held here).
+    static IN_RESCAN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn rescan_one(state: &Mutex<FpState>, probe: &Arc<Probe>, internal: bool) -> Result<usize, Error> {
+    if IN_RESCAN.with(|r| r.replace(true)) {
+        return Ok(0);
+    }
+    let res = rescan_one_inner(state, probe, internal);
+    IN_RESCAN.with(|r| r.set(false));
+    res
+}
+
+fn rescan_one_inner(
+    state: &Mutex<FpState>,
+    probe: &Arc<Probe>,
+    internal: bool,
+) -> Result<usize, Error> {
+    let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((filter, notfilter)) = st.filter.clone() else {
+        return Ok(0);
+    };
+    if !st.registered {
+        return Ok(0);
+    }
+    let targets: Vec<Target> = resolve_filter(&filter, notfilter.as_deref())
+        .into_iter()
+        .filter(|t| !st.funcs.contains(&t.addr) && !st.refused.iter().any(|r| r.addr == t.addr))
+        .collect();
+    if targets.is_empty() {
+        return Ok(0);
+    }
+    let mut g = registry();
+    let reg = g.as_mut().expect("registry initialised");
+    let (funcs, refused) = attach(reg, probe, internal, false, targets, false)?;
+    let n = funcs.len();
+    st.funcs.extend(funcs);
+    st.refused.extend(refused);
+    Ok(n)
+}
+
+/// Re-applies every filter-registered fprobe to the functions loaded now. Runs automatically
+/// on the thread that called `dlopen`/`dlmopen`, after the call returns and before its caller
+/// resumes. Returns the number of functions newly attached.
+pub fn rescan_filters() -> usize {
+    if dispatch::in_handler() || IN_RESCAN.with(|r| r.get()) {
+        return 0;
+    }
+    let live: Vec<(Arc<Mutex<FpState>>, Arc<Probe>)> = {
+        let g = registry();
+        let Some(reg) = g.as_ref() else { return 0 };
+        reg.filters
+            .iter()
+            .filter_map(|(s, p)| Some((s.upgrade()?, p.upgrade()?)))
+            .collect()
+    };
+    live.iter()
+        .map(|(s, p)| rescan_one(s, p, false).unwrap_or(0))
+        .sum()
 }

@@ -1,6 +1,97 @@
-//! ustrace-fprobe: function entry/exit probes patched into a running process, and static keys.
+//! ustrace-fprobe: the kernel's fprobe in user space — entry and exit handlers attached at run
+//! time to any function of the process (Rust functions of the program, C functions of the
+//! libraries it loaded), without recompiling, while other threads keep running — plus the
+//! static keys (jump labels) that tracepoints sit behind.
 //!
-//! DOCPLACEHOLDER
+//! # Using it
+//!
+//! ```no_run
+//! use ustrace_fprobe::{EntryAction, Fprobe};
+//! let fp = Fprobe::builder()
+//!     .entry_data_size(8)
+//!     .entry_handler(|_fp, entry_ip, ret_ip, regs, data| {
+//!         data.copy_from_slice(&regs.arg(0).unwrap_or(0).to_le_bytes());
+//!         EntryAction::Continue // SkipExit cancels this call's exit handler
+//!     })
+//!     .exit_handler(|_fp, entry_ip, ret_ip, regs, data| {
+//!         let _ret = regs.return_value();
+//!     })
+//!     .register("malloc* my_crate::*", Some("malloc_usable_size"))?; // or register_ips / register_syms
+//! fp.disable();
+//! fp.enable();
+//! let _missed = fp.nmissed();
+//! fp.unregister()?; // also on drop
+//! # Ok::<(), ustrace_fprobe::Error>(())
+//! ```
+//!
+//! # What happens to a probed function
+//!
+//! ```text
+//!   before                         after registration
+//!   ------                         ------------------
+//!   func:  endbr64                 func:  endbr64                (kept)
+//!          push rbp       -.              jmp entry_stub  ------> entry_stub: mov r11, &Site; jmp entry_trampoline
+//!          mov rbp, rsp    |- 5+ bytes    <dead bytes>                 |
+//!          sub rsp, 0x20  -'                                           v
+//!          ...body...              resume: ...body...      entry_trampoline (shared, asm, CFI):
+//!          ret                            ret                 save pt_regs + xmm0-7 (16-byte aligned)
+//!                                          |                   dispatch: lock-free walk of Site.probes,
+//!                                          |                     entry handlers, maybe hook the return:
+//!                                          |                     shadow.push{ret, sp}; [sp] = return_tramp
+//!                                          |                   restore; jmp orig_stub
+//!                                          |               orig_stub: push rbp; mov rbp,rsp; sub rsp,0x20
+//!                                          |                          (relocated by iced-x86); jmp resume
+//!                                          v
+//!                                 return_trampoline (shared, asm, CFI):
+//!                                   shadow.pop -> real ret written back into the slot,
+//!                                   exit handlers (rax = return value), ret to the caller
+//! ```
+//!
+//! Module map (the data path top to bottom):
+//! - [`fprobe`](crate::Fprobe): the API of fprobe.rst, the registry of sites, `enabled_functions`.
+//! - `dispatch`: the hit path — per-site probe lists published RCU-style, per-thread
+//!   quiescence counters + `membarrier` for unregister, the per-thread shadow stack.
+//! - `unwind`: hooks on libgcc's unwinder entry points (panics, C++ exceptions, pthread_exit,
+//!   backtraces) and on `dlopen` (filters re-applied to new libraries).
+//! - [`static_key`]: jump labels for tracepoints, patched by the same code.
+//! - `arch/x86_64/`: everything that knows the instruction set — `text_poke` (the kernel's
+//!   int3 protocol + SIGTRAP routing + rendezvous), `insn` (prologue analysis/relocation),
+//!   `trampoline` (asm, stub memory), `regs` ([`PtRegs`]). Other architectures get
+//!   `arch/unsupported.rs`: registration returns [`Error::Unsupported`].
+//!
+//! # Guarantees (fprobe.rst) and how they hold
+//!
+//! - Handlers may run before `register*` returns; it returns only once every thread sees the
+//!   patch (the int3 protocol serialises all cores with `membarrier(SYNC_CORE)`).
+//! - After `unregister` returns neither handler of that fprobe runs again: it leaves every
+//!   site list, its slot generation is bumped so pending exits no longer match it, and a grace
+//!   period waits for every thread that was inside the dispatcher.
+//! - Each exit handler call pairs with its entry on the same thread, through recursion and many
+//!   threads: the pairing is the thread's own shadow stack, with `entry_data` stored in it.
+//! - A probed function called from inside a handler (or a signal handler interrupting one) runs
+//!   no handler and counts a miss (`nmissed`); a full shadow stack or `nr_maxactive` also
+//!   counts a miss and skips that exit.
+//! - Several fprobes on one function share one patch site; [`enabled_functions`] lists each
+//!   patched function with its number of fprobes.
+//!
+//! # Limits
+//!
+//! - Hooking a return rewrites the return address; a hardware shadow stack (CET `shstk`)
+//!   forbids that, so exit handlers are refused there.
+//! - Panics, exceptions, `pthread_exit` and backtraces detach the outstanding hooked frames of
+//!   their thread: exit handlers of those frames do not run (each counts a miss).
+//! - Stacks that switch (coroutines, `sigaltstack` handlers reaching hooked returns of another
+//!   stack) are not supported for exit handlers; a return that finds no shadow frame aborts
+//!   with a message rather than jumping to a wrong address.
+//! - `xmm0`-`xmm7` are preserved; the upper halves of `ymm`/`zmm` registers are not if a
+//!   handler uses AVX (no x86_64 SysV function takes arguments there unless it uses
+//!   `__m256`/`__m512` parameters).
+//! - The rendezvous that makes patching safe for threads preempted inside a prologue uses the
+//!   real-time signal `SIGRTMAX-5` and may make an interrupted `poll`/`epoll_wait` return
+//!   `EINTR` once.
+//! - Indirect branches (jump tables) are not checked for targets inside the patched bytes.
+//! - Per thread: [`MAX_FRAMES`] hooked calls outstanding and [`ARENA_WORDS`] words of entry
+//!   data, in the thread's static TLS (so no allocation on the hot path).
 
 pub mod static_key;
 
@@ -13,8 +104,12 @@ pub use arch::PtRegs;
 pub use dispatch::{
     outstanding_frames, EntryAction, EntryHandler, ExitHandler, Probe, ARENA_WORDS, MAX_FRAMES,
 };
-pub use fprobe::{check_patchable, enabled_functions, Fprobe, FprobeBuilder, Refusal};
-pub use unwind::{unwind_hook_status, UNWIND_ENTRY_POINTS};
+pub use fprobe::{
+    check_patchable, enabled_functions, rescan_filters, Fprobe, FprobeBuilder, Refusal,
+};
+pub use unwind::{
+    dlopen_hook_status, unwind_hook_status, DLOPEN_ENTRY_POINTS, UNWIND_ENTRY_POINTS,
+};
 
 /// Text of tracefs `available_filter_functions` (every function of every loaded object; see
 /// `ustrace_inspect::symbols::Inventory::available_filter_functions`).

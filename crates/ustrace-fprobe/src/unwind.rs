@@ -41,6 +41,21 @@ type HookStatus = Vec<(String, String, Option<String>)>;
 
 static STATUS: Mutex<Option<HookStatus>> = Mutex::new(None);
 
+/// Definitions of `name`, also when the symbol table spells it with a version
+/// (`dlopen@@GLIBC_2.34`); one per address.
+fn find_versioned<'a>(
+    inv: &'a ustrace_inspect::symbols::Inventory,
+    name: &str,
+) -> Vec<&'a ustrace_inspect::symbols::Symbol> {
+    let mut out = inv.find(name);
+    for s in inv.glob(&format!("{name}@*")) {
+        if !out.iter().any(|o| o.addr == s.addr) {
+            out.push(s);
+        }
+    }
+    out
+}
+
 /// Installs the hooks once (idempotent). Called before registering any fprobe with an exit
 /// handler, outside the registry lock.
 pub(crate) fn ensure_hooks() {
@@ -51,7 +66,7 @@ pub(crate) fn ensure_hooks() {
     let inv = ustrace_inspect::symbols::inventory();
     let mut status = Vec::new();
     for name in UNWIND_ENTRY_POINTS {
-        for s in inv.find(name) {
+        for s in find_versioned(&inv, name) {
             let target = Target {
                 addr: s.addr,
                 size: Some(s.size).filter(|&n| n > 0),
@@ -83,6 +98,55 @@ pub(crate) fn ensure_hooks() {
 /// error when it could not be hooked (a panic through a probed frame then aborts the process).
 pub fn unwind_hook_status() -> Vec<(String, String, Option<String>)> {
     STATUS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_default()
+}
+
+static DLOPEN_STATUS: Mutex<Option<HookStatus>> = Mutex::new(None);
+
+/// Entry points after which a filter fprobe may have new matches.
+pub const DLOPEN_ENTRY_POINTS: [&str; 2] = ["dlopen", "dlmopen"];
+
+/// Probes `dlopen`/`dlmopen` with an internal exit handler that asks for
+/// [`crate::rescan_filters`] once the call returned (see `dispatch::on_exit`). Idempotent.
+pub(crate) fn ensure_dlopen_hook() {
+    let mut st = DLOPEN_STATUS.lock().unwrap_or_else(|e| e.into_inner());
+    if st.is_some() {
+        return;
+    }
+    let inv = ustrace_inspect::symbols::inventory();
+    let mut status = Vec::new();
+    for name in DLOPEN_ENTRY_POINTS {
+        for s in find_versioned(&inv, name) {
+            let target = Target {
+                addr: s.addr,
+                size: Some(s.size).filter(|&n| n > 0),
+                name: s.name.clone(),
+                ifunc: s.ifunc,
+            };
+            let res = FprobeBuilder::new()
+                .internal_with_exit()
+                .exit_handler(|_, _, _, _, _| dispatch::request_rescan())
+                .register_internal(vec![target]);
+            let err = match res {
+                Ok(fp) => {
+                    std::mem::forget(fp);
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            };
+            status.push((s.name.clone(), s.object_name().to_string(), err));
+        }
+    }
+    *st = Some(status);
+}
+
+/// What [`ensure_dlopen_hook`] did, one row per `dlopen`/`dlmopen` definition found. When no
+/// row is hooked, call [`crate::rescan_filters`] (or [`crate::Fprobe::rescan`]) after loading.
+pub fn dlopen_hook_status() -> Vec<(String, String, Option<String>)> {
+    DLOPEN_STATUS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone()

@@ -155,3 +155,54 @@ fn backtrace_inside_a_probed_function_shows_real_callers() {
         "{bt}"
     );
 }
+
+#[test]
+fn cxx_exception_through_probed_frames() {
+    let _g = serial();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cxx.cpp");
+    let out = std::env::temp_dir().join(format!("ustrace-fprobe-cxx-{}.so", std::process::id()));
+    let built = std::process::Command::new("c++")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status();
+    if !matches!(built, Ok(s) if s.success()) {
+        eprintln!("skipped: no C++ compiler ({built:?})");
+        return;
+    }
+    let c = std::ffi::CString::new(out.to_str().unwrap()).unwrap();
+    // SAFETY: loading the library we just built.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null());
+    // SAFETY: symbol of the library just loaded; signature matches cxx.cpp.
+    let catcher: extern "C" fn(i32) -> i32 =
+        unsafe { std::mem::transmute(libc::dlsym(h, c"cxx_catcher".as_ptr())) };
+    let (fp, entries, exits) = counting(&["cxx_thrower", "cxx_middle", "cxx_catcher"]);
+    assert_eq!(catcher(4), 9);
+    assert_eq!(
+        (
+            entries.load(Ordering::Relaxed),
+            exits.load(Ordering::Relaxed)
+        ),
+        (3, 3)
+    );
+    assert_eq!(catcher(13), -1, "the exception must reach the catch block");
+    // The throw detached all three hooked frames, including the catcher that survived it.
+    assert_eq!(
+        (
+            entries.load(Ordering::Relaxed),
+            exits.load(Ordering::Relaxed)
+        ),
+        (6, 3)
+    );
+    assert_eq!(fp.nmissed(), 3);
+    assert_eq!(catcher(5), 11);
+    assert_eq!(
+        (
+            entries.load(Ordering::Relaxed),
+            exits.load(Ordering::Relaxed)
+        ),
+        (9, 6)
+    );
+    drop(fp);
+}

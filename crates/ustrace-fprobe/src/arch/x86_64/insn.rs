@@ -191,7 +191,15 @@ pub(crate) fn relocate(p: &Prologue, at: usize) -> Result<(Vec<u8>, Vec<(usize, 
             interior.push((old, at + *off as usize));
         }
     }
-    code.extend_from_slice(&abs_jmp(p.patch_at + p.len));
+    let back = p.patch_at + p.len;
+    let from = at + code.len();
+    match i32::try_from(back as i64 - (from as i64 + 5)) {
+        Ok(rel) => {
+            code.push(0xe9);
+            code.extend_from_slice(&rel.to_le_bytes());
+        }
+        Err(_) => code.extend_from_slice(&abs_jmp(back)),
+    }
     if code.len() > MAX_RELOCATED + 14 {
         return Err(format!(
             "relocated prologue is {} bytes, more than the stub holds",

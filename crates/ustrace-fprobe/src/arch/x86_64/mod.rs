@@ -154,3 +154,6 @@ pub(crate) fn hardware_shadow_stack() -> bool {
 pub(crate) fn analyze_only(func: usize, size: Option<usize>) -> Result<(), String> {
     insn::analyze(func, size).map(|_| ())
 }
+
+/// Whether fprobes can be registered on this architecture.
+pub(crate) const SUPPORTED: bool = true;

@@ -27,6 +27,7 @@ pub struct PtRegs {
     pub orig_ax: u64,
     pub ip: u64,
     pub cs: u64,
+    /// Not captured (0): flags carry no value across a call boundary.
     pub flags: u64,
     pub sp: u64,
     pub ss: u64,

@@ -54,9 +54,9 @@ macro_rules! save_regs {
             "mov [rsp + 13*8], rsi\n",
             "mov [rsp + 14*8], rdi\n",
             "mov qword ptr [rsp + 15*8], -1\n",
-            "pushfq\n",
-            "pop rax\n",
-            "mov [rsp + 18*8], rax\n",
+            "mov qword ptr [rsp + 17*8], 0\n",
+            "mov qword ptr [rsp + 18*8], 0\n",
+            "mov qword ptr [rsp + 20*8], 0\n",
             "lea rax, [rsp + 296]\n",
             "mov [rsp + 19*8], rax\n",
             "movups [rsp + 168 + 0*16], xmm0\n",
@@ -145,7 +145,12 @@ std::arch::global_asm!(
     restore_regs!(),
     "add rsp, 296",
     ".cfi_adjust_cfa_offset -296",
-    "ret",
+    // `pop; jmp` instead of `ret`: the probed function's own `ret` already consumed the
+    // return-stack-buffer entry of this call, so a second `ret` would mispredict here and
+    // leave every outer return mispredicted too. r11 is scratch at a return.
+    "pop r11",
+    ".cfi_def_cfa_offset 0",
+    "jmp r11",
     ".cfi_endproc",
     ".size ustrace_fprobe_return_trampoline, . - ustrace_fprobe_return_trampoline",
     ".popsection",
