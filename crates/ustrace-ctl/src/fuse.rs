@@ -284,13 +284,18 @@ fn stream_read(
         STREAM_POLL
     };
     loop {
+        // The mount is going away: end of file lets a blocked `cat` finish normally (an
+        // EINTR would only make it retry, as coreutils does, until the connection dies).
+        if stopping.load(Ordering::SeqCst) {
+            return reply.data(&[]);
+        }
         match f.client.read(handle, size, Some(wait)) {
             Ok(data) => return reply.data(&data),
             Err(CtlError::Remote { errno, .. }) if errno == Errno::EAGAIN => {
                 if f.nonblock {
                     return reply.error(fuser::Errno::EAGAIN);
                 }
-                if stopping.load(Ordering::SeqCst) || signal_pending(tid) {
+                if signal_pending(tid) {
                     return reply.error(fuser::Errno::EINTR);
                 }
             }

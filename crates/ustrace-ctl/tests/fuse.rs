@@ -290,3 +290,30 @@ fn the_mount_notices_when_the_traced_process_is_killed() {
     // And mounting a process that is gone fails cleanly.
     assert!(Mount::spawn(&socket, &dir, &MountOptions::default()).is_err());
 }
+
+#[test]
+fn unmounting_ends_a_blocked_reader_cleanly() {
+    if !fuse_usable() {
+        return;
+    }
+    let s = serve_sample();
+    let tmp = TempDir::new("unmount");
+    let dir = mount_dir(&tmp);
+    let m = Mount::spawn(s.handle.socket_path(), &dir, &MountOptions::default()).unwrap();
+    let mut cat = Command::new("cat")
+        .arg(dir.join("trace_pipe"))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let start = Instant::now();
+    m.unmount();
+    let elapsed = start.elapsed();
+    let status = cat.wait().unwrap();
+    assert!(status.success(), "cat saw an error: {status}");
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "unmount waited {elapsed:?}"
+    );
+    assert!(mount_line(&dir).is_none());
+}
