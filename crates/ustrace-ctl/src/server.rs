@@ -19,6 +19,10 @@
 //! vanished `cat` never pins a thread. Bad input (truncated frames, huge lengths, unknown
 //! verbs, `..` in paths) gets an error reply; only a frame whose length cannot be trusted
 //! closes the connection, since nothing after it can be parsed.
+//!
+//! The socket goes away with the server: on drop, at normal exit (`atexit`), and when
+//! SIGINT/SIGTERM/SIGHUP kill the process while their action is still the default (a handler
+//! unlinks it and re-raises, so the process dies exactly as it would have).
 
 use crate::discover;
 use crate::proto::{self, FrameError, Reply, Request};
