@@ -639,12 +639,69 @@ fn detach(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Detaches a dead FUSE mount at `dir` (one whose server was killed, so every access fails
-/// with `ENOTCONN`). Returns whether there was one.
+/// `/proc/mounts` writes space, tab, newline and backslash in paths as octal escapes.
+fn unescape_mount_path(field: &str) -> String {
+    let mut out = Vec::new();
+    let b = field.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 4 <= b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether `/proc/self/mounts` lists a FUSE mount with source `fsname` at `dir`.
+fn listed_as_ours(dir: &Path, fsname: &str) -> bool {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return false;
+    };
+    mounts.lines().any(|line| {
+        let mut fields = line.split(' ');
+        let (Some(source), Some(target), Some(fstype)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            return false;
+        };
+        source == fsname
+            && fstype.starts_with("fuse")
+            && Path::new(&unescape_mount_path(target)) == dir
+    })
+}
+
+/// Detaches a dead ustrace mount at `dir` (one whose FUSE server was killed, so every access
+/// fails with `ENOTCONN`). Returns whether there was one. A dead mount of anything else is
+/// left alone, with an error saying so.
 pub fn cleanup_stale(dir: &Path) -> io::Result<bool> {
     match std::fs::metadata(dir) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            detach(dir).map_err(|e| {
+            // The dead mount point itself cannot be resolved; its parent can.
+            let absolute = match (dir.parent(), dir.file_name()) {
+                (Some(parent), Some(name)) => {
+                    let parent = if parent.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        parent
+                    };
+                    parent.canonicalize()?.join(name)
+                }
+                _ => dir.to_owned(),
+            };
+            if !listed_as_ours(&absolute, &MountOptions::default().fsname) {
+                return Err(io::Error::other(format!(
+                    "{} is a dead mount that ustrace did not make; `umount -l` it first",
+                    dir.display()
+                )));
+            }
+            detach(&absolute).map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("cannot detach the stale mount at {}: {e}", dir.display()),
@@ -825,6 +882,18 @@ mod tests {
             }
         );
         assert!(open_flags(libc::O_RDWR).read && open_flags(libc::O_RDWR).write);
+    }
+
+    #[test]
+    fn mount_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path("/tmp/a\\040b"), "/tmp/a b");
+        assert_eq!(unescape_mount_path("/x\\011y\\134z"), "/x\ty\\z");
+        assert_eq!(unescape_mount_path("/plain"), "/plain");
+        assert_eq!(unescape_mount_path("/end\\04"), "/end\\04");
+        assert!(!listed_as_ours(
+            Path::new("/definitely/not/mounted"),
+            "tracefs"
+        ));
     }
 
     #[test]
