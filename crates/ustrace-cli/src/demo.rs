@@ -2,8 +2,10 @@
 //!
 //! Worker threads (`kv-worker-N`) serve GET, PUT and DELETE requests from a generator over
 //! a sharded in-memory map; a `net-acceptor` thread "accepts connections". The code carries
-//! events in two systems, `kv` and `net`. The demo turns them on through the tracefs API —
-//! the same files a shell user writes —, runs the workload, and prints the trace.
+//! events in two systems, `kv` and `net`. The demo drives the tracefs API — the same files a
+//! shell user writes — to enable them, filter one, put a trigger on another, and add a
+//! dynamic fprobe event on a function that has no tracepoint; then it runs the workload and
+//! prints the trace.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -129,8 +131,11 @@ impl Store {
     }
 
     fn get(&self, key: &str) -> Option<usize> {
-        let shard = self.shards[Self::shard_of(key)].lock().unwrap();
-        shard.map.get(key).map(|v| v.len())
+        let index = Self::shard_of(key);
+        let shard = self.shards[index].lock().unwrap();
+        let found = shard.map.get(key).map(|v| v.len());
+        demo_shard_lookup(index as u32, key.len(), found.is_some());
+        found
     }
 
     fn put(&self, key: &str, value: Vec<u8>) -> bool {
@@ -161,6 +166,14 @@ impl Store {
         }
         found
     }
+}
+
+/// Called on every lookup and traced only through a dynamic fprobe event: no tracepoint.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn demo_shard_lookup(shard: u32, key_len: usize, hit: bool) -> i32 {
+    std::hint::black_box((shard, key_len));
+    i32::from(hit)
 }
 
 /// A tiny deterministic generator (xorshift), so runs are comparable.
@@ -287,10 +300,48 @@ fn read(path: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
+/// What the demo writes before the workload starts, as a shell user would write it.
+const SETUP: &[(&str, &str, bool)] = &[
+    ("events/kv/enable", "1", false),
+    ("set_event", "net:*", true),
+    ("events/net/respond/filter", "status >= 400", false),
+    ("events/kv/evict/trigger", "stacktrace:1", false),
+    (
+        "dynamic_events",
+        "f:demo/shard_lookup demo_shard_lookup shard=$arg1:u32 key_len=$arg2:u64",
+        true,
+    ),
+    (
+        "dynamic_events",
+        "f:demo/shard_lookup_ret demo_shard_lookup%return hit=$retval:s32",
+        true,
+    ),
+    ("events/demo/enable", "1", false),
+];
+
 pub fn run(args: DemoArgs) -> Result<(), String> {
-    // Turn the events on the way a shell user would.
-    write("events/kv/enable", "1\n", false)?;
-    write("set_event", "net:*\n", true)?;
+    println!("# ustrace demo: the tracefs writes, as a shell would do them:");
+    for (path, text, append) in SETUP {
+        let arrow = if *append { ">>" } else { ">" };
+        match write(path, &format!("{text}\n"), *append) {
+            Ok(()) => println!("#   echo '{text}' {arrow} {path}"),
+            // The fprobe events need a patchable x86_64 process; the rest of the demo does not.
+            Err(e) => {
+                println!("#   echo '{text}' {arrow} {path}   (failed: {e}; going on without it)");
+                let log = read("error_log").unwrap_or_default();
+                for line in log
+                    .lines()
+                    .rev()
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                {
+                    println!("#     {line}");
+                }
+            }
+        }
+    }
     write("trace_marker", "ustrace demo: workload starting\n", false)?;
     let (stop, served, threads) = start_workload(args.workers, args.rate);
     if args.serve {

@@ -1023,6 +1023,14 @@ impl<'d> Ctx<'d> {
                 abi_index,
             });
         }
+        // Line-tables-only debug info (`-C debuginfo=1`, `-g1`) still has the function's DIE
+        // but no types: a function with no parameters and no return type in a unit without a
+        // single base type is "unknown", not "returns void".
+        if ret.is_none() && out.is_empty() && !self.unit_has_types(nu)? {
+            return Err(err(format!(
+                "no type information for {name} (line tables only?)"
+            )));
+        }
         Ok(FunctionInfo {
             name,
             params: out,
@@ -1054,6 +1062,21 @@ impl<'d> Ctx<'d> {
             }
             _ => None,
         }
+    }
+
+    /// Whether unit `ui` describes any type at all.
+    fn unit_has_types(&self, ui: usize) -> Result<bool, DebugInfoError> {
+        let unit = &self.unit(ui)?;
+        let mut entries = unit.entries();
+        while let Some((_, e)) = entries.next_dfs()? {
+            if matches!(
+                e.tag(),
+                gimli::DW_TAG_base_type | gimli::DW_TAG_pointer_type | gimli::DW_TAG_structure_type
+            ) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     fn param_dies(
