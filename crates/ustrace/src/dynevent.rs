@@ -467,6 +467,11 @@ pub fn remove(id: EventId) -> Result<(), Errno> {
 
 /// Applies one line of `dynamic_events` input.
 fn run_line(line: &str) -> Result<(), Errno> {
+    run_command(line).map_err(|(errno, _)| errno)
+}
+
+/// Applies one command; a failure says its errno and the `error_log` entry it wrote.
+pub fn run_command(line: &str) -> Result<(), (Errno, Option<String>)> {
     let env = CoreEnv {
         inspect: ustrace_probe::InspectEnv::new(),
     };
@@ -475,8 +480,22 @@ fn run_line(line: &str) -> Result<(), Errno> {
         if !text.is_empty() {
             tracing().top().log_error_text(&text);
         }
-        Errno(e.errno.code())
+        (Errno(e.errno.code()), Some(text).filter(|t| !t.is_empty()))
     })?;
+    apply(command).map_err(|errno| (errno, None))
+}
+
+/// Finds a dynamic event by group (any when `None`) and name.
+pub fn find(group: Option<&str>, event: &str) -> Option<EventId> {
+    DYNAMIC
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find(|(_, e)| e.definition.event == event && group.is_none_or(|g| e.definition.group == g))
+        .map(|(id, _)| *id)
+}
+
+fn apply(command: DynCommand) -> Result<(), Errno> {
     match command {
         DynCommand::Empty => Ok(()),
         DynCommand::Create(definition) => create(definition).map(|_| ()),

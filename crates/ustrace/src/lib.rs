@@ -17,6 +17,7 @@
 //! - [`output`]: kernel-identical text output.
 
 pub mod dynevent;
+pub mod dynevent_cmd;
 pub mod event;
 pub mod filter;
 pub mod marker;

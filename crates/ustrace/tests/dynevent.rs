@@ -295,3 +295,50 @@ fn bad_definitions_fail_with_the_kernels_errors() {
     );
     assert_eq!(read("dynamic_events"), "");
 }
+
+/// A function the in-process builder test probes.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn parse_header(buf: *const u8, len: usize, flags: u32) -> i32 {
+    std::hint::black_box(buf);
+    (len as i32) + flags as i32
+}
+
+// See: events.rst 7.3 and 7.4, the in-kernel dynamic event API.
+#[test]
+fn events_built_in_code_go_through_the_same_parser() {
+    use ustrace::dynevent_cmd::{delete, DynEventCmd};
+    let t = Scope::new("dyn-builder");
+    let mut cmd = DynEventCmd::fprobe("gen_fprobe_test", "parse_header");
+    cmd.group("gen")
+        .add_field("len=$arg2")
+        .add_fields(["flags=$arg3:u32", "first=+0($arg1):u8"]);
+    assert_eq!(
+        cmd.text(),
+        "f:gen/gen_fprobe_test parse_header len=$arg2 flags=$arg3:u32 first=+0($arg1):u8"
+    );
+    let id = cmd.create().unwrap();
+    assert_eq!(
+        read("events/gen/gen_fprobe_test/id").trim(),
+        id.0.to_string()
+    );
+    write(&t.p("events/gen/gen_fprobe_test/enable"), "1\n").unwrap();
+    parse_header(b"Hdr".as_ptr(), 3, 4);
+    let lines = t.lines();
+    assert!(
+        text_of(&lines[0]).ends_with(" len=0x3 flags=4 first=72"),
+        "{lines:?}"
+    );
+    assert_eq!(
+        delete(Some("gen"), "gen_fprobe_test").unwrap_err().errno,
+        Errno::EBUSY
+    );
+    write(&t.p("events/gen/gen_fprobe_test/enable"), "0\n").unwrap();
+    delete(Some("gen"), "gen_fprobe_test").unwrap();
+    let bad = DynEventCmd::fprobe("bad", "parse_header")
+        .add_field("x=$arg1:nosuchtype")
+        .create();
+    let err = bad.unwrap_err();
+    assert_eq!(err.errno, Errno::EINVAL);
+    assert!(err.log.unwrap().starts_with("trace_fprobe: error: "));
+}
