@@ -691,7 +691,6 @@ fn int_pred(offset: u32, size: usize, signed: bool, op: NumOp, val: u64) -> Pred
         return Pred::Never;
     }
     let size = size as u8;
-    let shift = 64 - 8 * size;
     let truncated = if size == 8 {
         val
     } else {
@@ -704,7 +703,7 @@ fn int_pred(offset: u32, size: usize, signed: bool, op: NumOp, val: u64) -> Pred
             val: truncated,
         };
     }
-    let v = IntRange::encode(truncated, shift, signed);
+    let v = IntRange::encode(truncated, size, signed);
     // (lo, hi, negate); an empty range is "not the full range".
     let (lo, hi, negate) = match op {
         NumOp::Eq => (v, v, false),
@@ -717,14 +716,7 @@ fn int_pred(offset: u32, size: usize, signed: bool, op: NumOp, val: u64) -> Pred
         NumOp::Ge => (v, u64::MAX, false),
         NumOp::Band => unreachable!("handled above"),
     };
-    Pred::Range(IntRange {
-        offset,
-        shift,
-        signed,
-        lo,
-        span: hi - lo,
-        negate,
-    })
+    Pred::Range(IntRange::new(offset, size, signed, lo, hi - lo, negate))
 }
 
 #[cfg(test)]

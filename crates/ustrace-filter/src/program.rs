@@ -134,53 +134,69 @@ pub(crate) struct StrPred {
 ///   s32 field, "x < -1":  encode(-1) = 0x7fff_ffff_ffff_ffff
 ///                         range [0, 0x7fff_ffff_ffff_fffe], not negated
 /// ```
+///
+/// At run time the field is loaded, masked to its width, sign-extended with
+/// `(v ^ s) - s` (`s` = the field's sign bit, 0 if unsigned) and compared;
+/// the sign-bit flip of the encoding is folded into `lo` at compile time.
+/// No branch depends on the field's type.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct IntRange {
     pub offset: u32,
-    /// 64 - 8 * size: shifting left by it drops the bytes past the field.
-    pub shift: u8,
-    pub signed: bool,
-    pub lo: u64,
-    pub span: u64,
+    pub size: u8,
     pub negate: bool,
+    /// The field's bits: `u64::MAX >> (64 - 8 * size)`.
+    pub mask: u64,
+    /// The field's sign bit if it is signed, else 0.
+    pub sign_bit: u64,
+    /// `lo` of the encoded range minus the encoding's sign flip.
+    pub lo_raw: u64,
+    pub span: u64,
 }
 
 impl IntRange {
-    /// Encode a raw field value (zero-extended) into the ordered domain.
-    #[inline(always)]
-    pub fn encode(raw: u64, shift: u8, signed: bool) -> u64 {
-        let v = raw << shift;
+    /// Encode a field value (zero-extended to 64 bits) into the ordered domain.
+    pub fn encode(raw: u64, size: u8, signed: bool) -> u64 {
+        let shift = 64 - 8 * u32::from(size);
         if signed {
-            (((v as i64) >> shift) as u64) ^ (1 << 63)
+            ((((raw << shift) as i64) >> shift) as u64) ^ (1 << 63)
         } else {
-            v >> shift
+            raw
+        }
+    }
+
+    /// The range test for `lo..=lo+span` in the encoded domain.
+    pub fn new(offset: u32, size: u8, signed: bool, lo: u64, span: u64, negate: bool) -> Self {
+        let bits = 8 * u32::from(size);
+        IntRange {
+            offset,
+            size,
+            negate,
+            mask: u64::MAX >> (64 - bits),
+            sign_bit: if signed { 1 << (bits - 1) } else { 0 },
+            lo_raw: if signed { lo.wrapping_sub(1 << 63) } else { lo },
+            span,
         }
     }
 
     #[inline(always)]
     fn eval(&self, rec: &[u8]) -> bool {
-        let Some(raw) = load(rec, self.offset, 8 - self.shift / 8) else {
+        let Some(raw) = load(rec, self.offset, self.size) else {
             return false;
         };
-        let x = Self::encode(raw, self.shift, self.signed);
-        (x.wrapping_sub(self.lo) <= self.span) ^ self.negate
+        let v = ((raw & self.mask) ^ self.sign_bit).wrapping_sub(self.sign_bit);
+        (v.wrapping_sub(self.lo_raw) <= self.span) ^ self.negate
     }
 }
 
-/// Load a `size`-byte little-endian field, zero-extended. One 8-byte load
-/// when the record has room (the extra bytes are shifted away by the caller
-/// or masked here), a sized load near the end of the record.
+/// Load a `size`-byte little-endian field, zero-extended (bytes past the
+/// field may be set: callers mask). One 8-byte load when the record has
+/// room, a sized load near its end.
 #[inline(always)]
 fn load(rec: &[u8], offset: u32, size: u8) -> Option<u64> {
     let off = offset as usize;
     if cfg!(target_endian = "little") {
         if let Some(b) = rec.get(off..off + 8) {
-            let raw = u64::from_le_bytes(b.try_into().ok()?);
-            return Some(if size >= 8 {
-                raw
-            } else {
-                raw & ((1u64 << (8 * u32::from(size))) - 1)
-            });
+            return Some(u64::from_le_bytes(b.try_into().ok()?));
         }
     }
     read_uint(rec, off, usize::from(size))
@@ -248,6 +264,7 @@ impl Pred {
         match self {
             Pred::Never => false,
             Pred::Range(r) => r.eval(rec),
+            // `val` is already cut to the field's width, so bytes past it drop out.
             Pred::Band { offset, size, val } => match load(rec, *offset, *size) {
                 Some(raw) => raw & val != 0,
                 None => false,
