@@ -93,6 +93,8 @@
 //! - Per thread: [`MAX_FRAMES`] hooked calls outstanding and [`ARENA_WORDS`] words of entry
 //!   data, in the thread's static TLS (so no allocation on the hot path).
 
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+
 pub mod static_key;
 
 mod arch;

@@ -9,6 +9,7 @@ use ustrace_fprobe::static_key::{jump_entries, StaticKey};
 
 static KEY: StaticKey = StaticKey::new();
 static OTHER: StaticKey = StaticKey::new();
+static NEVER: StaticKey = StaticKey::new();
 
 macro_rules! sites {
     ($($name:ident = $v:expr),*) => {
@@ -39,6 +40,11 @@ sites!(
 #[inline(never)]
 fn other_site() -> bool {
     static_branch_unlikely!(OTHER)
+}
+
+#[inline(never)]
+fn never_site() -> bool {
+    static_branch_unlikely!(NEVER)
 }
 
 fn stress_secs() -> f64 {
@@ -95,7 +101,6 @@ fn toggling_under_load_keeps_results_correct() {
                 "site {i} not taken after enable returned"
             );
         }
-        assert!(!other_site(), "OTHER must stay disabled");
         KEY.disable();
         for (i, f) in SITES.iter().enumerate() {
             assert_eq!(
@@ -118,6 +123,7 @@ fn toggling_under_load_keeps_results_correct() {
 fn other_key_is_independent() {
     OTHER.enable();
     assert!(other_site());
+    assert!(!never_site(), "enabling OTHER must not patch NEVER's site");
     OTHER.disable();
     assert!(!other_site());
 }

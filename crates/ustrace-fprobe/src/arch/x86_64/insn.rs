@@ -284,4 +284,31 @@ mod tests {
         let disp = i32::from_le_bytes(code[3..7].try_into().unwrap()) as i64;
         assert_eq!((at as i64 + 7 + disp) as usize, target);
     }
+
+    proptest::proptest! {
+        /// Any byte string either is refused or relocates to code that decodes, instruction
+        /// by instruction, to the same operations, and ends with a jump back past the patch.
+        #[test]
+        fn analysis_never_misrelocates(bytes in proptest::collection::vec(proptest::num::u8::ANY, 5..40)) {
+            let code: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            let func = code.as_ptr() as usize;
+            if let Ok(p) = analyze(func, Some(code.len())) {
+                proptest::prop_assert!(p.len >= PATCH_LEN && p.patch_at + p.len <= func + code.len());
+                let at = func + 0x10_0000;
+                let (out, interior) = relocate(&p, at).unwrap();
+                let mut d = Decoder::with_ip(64, &out, at as u64, DecoderOptions::NONE);
+                for orig in &p.instructions {
+                    let new = d.decode();
+                    proptest::prop_assert_eq!(new.mnemonic(), orig.mnemonic());
+                    proptest::prop_assert_eq!(new.memory_displacement64(), orig.memory_displacement64());
+                }
+                let jmp = d.decode();
+                proptest::prop_assert_eq!(jmp.flow_control(), FlowControl::UnconditionalBranch);
+                for (old, new) in interior {
+                    proptest::prop_assert!(old > p.patch_at && old < p.patch_at + PATCH_LEN);
+                    proptest::prop_assert!(new > at && new < at + out.len());
+                }
+            }
+        }
+    }
 }

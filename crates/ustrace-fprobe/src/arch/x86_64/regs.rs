@@ -5,7 +5,9 @@
 ///
 /// At entry `sp` points at the return address (the caller's `rsp` just after its `call`), and
 /// argument N (0-based) of an integer/pointer signature is [`PtRegs::arg`]. At exit `ax` (and
-/// `dx`, `xmm0`/`xmm1`) hold the return value and `ip` is the return address.
+/// `dx`, `xmm0`/`xmm1`) hold the return value, `ip` is the return address and `sp` the slot it
+/// was read from; there only those, `bx`, `bp` and `r12`-`r15` are meaningful (the
+/// argument registers are dead at a return and are not captured).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PtRegs {

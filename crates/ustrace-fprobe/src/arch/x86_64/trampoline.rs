@@ -71,7 +71,30 @@ macro_rules! save_regs {
     };
 }
 
-macro_rules! restore_regs {
+// At a return only the return values, the callee-saved registers and the stack pointer mean
+// anything; the other PtRegs fields are left unspecified (not stored, to keep the exit cheap).
+macro_rules! save_return_state {
+    () => {
+        concat!(
+            "mov [rsp + 0*8], r15\n",
+            "mov [rsp + 1*8], r14\n",
+            "mov [rsp + 2*8], r13\n",
+            "mov [rsp + 3*8], r12\n",
+            "mov [rsp + 4*8], rbp\n",
+            "mov [rsp + 5*8], rbx\n",
+            "mov [rsp + 10*8], rax\n",
+            "mov [rsp + 12*8], rdx\n",
+            "lea rax, [rsp + 296]\n",
+            "mov [rsp + 19*8], rax\n",
+            "movups [rsp + 168 + 0*16], xmm0\n",
+            "movups [rsp + 168 + 1*16], xmm1\n",
+        )
+    };
+}
+
+// Handlers get `&PtRegs`, so nothing in the frame changes; callee-saved registers (rbx, rbp,
+// r12-r15) come back intact from the Rust dispatcher and need no reload.
+macro_rules! restore_args {
     () => {
         concat!(
             "movups xmm0, [rsp + 168 + 0*16]\n",
@@ -82,12 +105,6 @@ macro_rules! restore_regs {
             "movups xmm5, [rsp + 168 + 5*16]\n",
             "movups xmm6, [rsp + 168 + 6*16]\n",
             "movups xmm7, [rsp + 168 + 7*16]\n",
-            "mov r15, [rsp + 0*8]\n",
-            "mov r14, [rsp + 1*8]\n",
-            "mov r13, [rsp + 2*8]\n",
-            "mov r12, [rsp + 3*8]\n",
-            "mov rbp, [rsp + 4*8]\n",
-            "mov rbx, [rsp + 5*8]\n",
             "mov r11, [rsp + 6*8]\n",
             "mov r10, [rsp + 7*8]\n",
             "mov r9, [rsp + 8*8]\n",
@@ -97,6 +114,18 @@ macro_rules! restore_regs {
             "mov rdx, [rsp + 12*8]\n",
             "mov rsi, [rsp + 13*8]\n",
             "mov rdi, [rsp + 14*8]\n",
+        )
+    };
+}
+
+// At a return only the return-value registers carry anything the caller may read.
+macro_rules! restore_return_values {
+    () => {
+        concat!(
+            "movups xmm0, [rsp + 168 + 0*16]\n",
+            "movups xmm1, [rsp + 168 + 1*16]\n",
+            "mov rax, [rsp + 10*8]\n",
+            "mov rdx, [rsp + 12*8]\n",
         )
     };
 }
@@ -117,7 +146,7 @@ std::arch::global_asm!(
     "mov rdi, r11",
     "mov rsi, rsp",
     "call {entry}",
-    restore_regs!(),
+    restore_args!(),
     "add rsp, 296",
     ".cfi_adjust_cfa_offset -296",
     "jmp qword ptr [r11]",
@@ -139,10 +168,10 @@ std::arch::global_asm!(
     ".cfi_offset rip, -8",
     "sub rsp, 296",
     ".cfi_adjust_cfa_offset 296",
-    save_regs!(),
+    save_return_state!(),
     "mov rdi, rsp",
     "call {exit}",
-    restore_regs!(),
+    restore_return_values!(),
     "add rsp, 296",
     ".cfi_adjust_cfa_offset -296",
     // `pop; jmp` instead of `ret`: the probed function's own `ret` already consumed the
