@@ -11,12 +11,48 @@ use libfuzzer_sys::fuzz_target;
 use ustrace_filter::{compile, CompileEnv, Context, Field};
 
 const FIELDS: [Field<'static>; 6] = [
-    Field { name: "id", c_type: "long", offset: 8, size: 8, signed: true },
-    Field { name: "args", c_type: "unsigned long[6]", offset: 16, size: 48, signed: false },
-    Field { name: "name", c_type: "char[16]", offset: 16, size: 16, signed: false },
-    Field { name: "path", c_type: "__data_loc char[]", offset: 32, size: 4, signed: false },
-    Field { name: "ptr", c_type: "const char *", offset: 40, size: 8, signed: false },
-    Field { name: "mask", c_type: "__data_loc cpumask_t", offset: 48, size: 4, signed: false },
+    Field {
+        name: "id",
+        c_type: "long",
+        offset: 8,
+        size: 8,
+        signed: true,
+    },
+    Field {
+        name: "args",
+        c_type: "unsigned long[6]",
+        offset: 16,
+        size: 48,
+        signed: false,
+    },
+    Field {
+        name: "name",
+        c_type: "char[16]",
+        offset: 16,
+        size: 16,
+        signed: false,
+    },
+    Field {
+        name: "path",
+        c_type: "__data_loc char[]",
+        offset: 32,
+        size: 4,
+        signed: false,
+    },
+    Field {
+        name: "ptr",
+        c_type: "const char *",
+        offset: 40,
+        size: 8,
+        signed: false,
+    },
+    Field {
+        name: "mask",
+        c_type: "__data_loc cpumask_t",
+        offset: 48,
+        size: 4,
+        signed: false,
+    },
 ];
 
 fuzz_target!(|data: &[u8]| {
@@ -24,7 +60,11 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let resolve = |name: &str| (name.len() % 3 == 0).then_some(0x1000u64..0x2000);
     let by_addr = |a: u64| (a % 2 == 0).then_some(a..a + 16);
-    let env = CompileEnv { resolve_function: Some(&resolve), resolve_address: Some(&by_addr), nr_cpus: 8 };
+    let env = CompileEnv {
+        resolve_function: Some(&resolve),
+        resolve_address: Some(&by_addr),
+        nr_cpus: 8,
+    };
     match compile(&text, &FIELDS, &env) {
         Ok(prog) => {
             let reader = |addr: u64, buf: &mut [u8]| -> Option<usize> {
@@ -35,7 +75,11 @@ fuzz_target!(|data: &[u8]| {
                 buf[..n].fill(b'a');
                 Some(n)
             };
-            let ctx = Context { cpu: (data.len() % 8) as u32, comm: b"fuzz", read_str: Some(&reader) };
+            let ctx = Context {
+                cpu: (data.len() % 8) as u32,
+                comm: b"fuzz",
+                read_str: Some(&reader),
+            };
             let _ = prog.matches(data, &ctx);
             let _ = prog.matches(&data[..data.len() / 2], &ctx);
             assert!(compile(prog.text(), &FIELDS, &env).is_ok());

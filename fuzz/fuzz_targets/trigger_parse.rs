@@ -12,18 +12,35 @@ use ustrace_filter::trigger::{self, Trigger};
 use ustrace_filter::{compile, CompileEnv, Field};
 
 const FIELDS: [Field<'static>; 2] = [
-    Field { name: "id", c_type: "long", offset: 8, size: 8, signed: true },
-    Field { name: "args", c_type: "unsigned long[6]", offset: 16, size: 48, signed: false },
+    Field {
+        name: "id",
+        c_type: "long",
+        offset: 8,
+        size: 8,
+        signed: true,
+    },
+    Field {
+        name: "args",
+        c_type: "unsigned long[6]",
+        offset: 16,
+        size: 48,
+        signed: false,
+    },
 ];
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
-    let Ok(cmd) = trigger::parse(&text) else { return };
+    let Ok(cmd) = trigger::parse(&text) else {
+        return;
+    };
     if cmd.remove {
         return;
     }
     if let Some(filter) = &cmd.filter {
-        let env = CompileEnv { nr_cpus: 4, ..CompileEnv::default() };
+        let env = CompileEnv {
+            nr_cpus: 4,
+            ..CompileEnv::default()
+        };
         let _ = compile(filter, &FIELDS, &env);
     }
     let trig = Trigger::new(cmd);
