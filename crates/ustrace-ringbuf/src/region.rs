@@ -210,28 +210,27 @@ pub(crate) struct Region {
 #[inline]
 unsafe fn cas128(ptr: *mut u64, old: [u64; 2], new: [u64; 2]) -> Result<(), [u64; 2]> {
     let (mut lo, mut hi) = (old[0], old[1]);
-    let ok: u8;
+    let ok: u64;
     // SAFETY: the caller guarantees ptr; cmpxchg16b presence is checked when a
-    // buffer is created. rbx cannot be named as an operand, so the new low word
-    // is swapped into it around the instruction and restored after. The pointer
-    // sits in an explicitly named register: given `in(reg)`, optimized builds
-    // were seen to hand it rbx itself, which the swap then overwrote.
+    // buffer is created. cmpxchg16b takes the new low word in rbx, which LLVM
+    // may be using, so it is swapped in through rdi and restored after. Every
+    // operand is pinned to a named register: a compiler-chosen one could be
+    // rbx itself (seen in release builds: the address, or `bl` for the flag).
     unsafe {
         core::arch::asm!(
-            "xchg {rbx_tmp}, rbx",
+            "xchg rdi, rbx",
             "lock cmpxchg16b xmmword ptr [rsi]",
-            "sete {ok}",
-            "mov rbx, {rbx_tmp}",
+            "sete cl",
+            "mov rbx, rdi",
             in("rsi") ptr,
-            rbx_tmp = inout(reg) new[0] => _,
-            ok = out(reg_byte) ok,
+            inout("rdi") new[0] => _,
+            inout("rcx") new[1] => ok,
             inout("rax") lo,
             inout("rdx") hi,
-            in("rcx") new[1],
             options(nostack),
         );
     }
-    if ok != 0 {
+    if ok & 0xff != 0 {
         Ok(())
     } else {
         Err([lo, hi])

@@ -346,3 +346,35 @@ fn producer_consumer_accounting_over_cycles() {
     let s = rb.stats(0);
     assert_eq!(s.entries, 0, "{s:?} ok {ok} read {read}");
 }
+
+/// Many laps around a default-sized ring from one thread: no reservation
+/// fails and the counters stay exact (a compare-and-swap reporting a wrong
+/// result would lose pages here).
+#[test]
+fn many_laps_keep_exact_counts() {
+    let rb = RingBuffer::new(Config {
+        nr_cpus: 1,
+        size_per_cpu: 1408 * 1024,
+        overwrite: true,
+        clock: Clock::Local,
+        name: "laps".into(),
+    })
+    .unwrap();
+    let n = 150_000u64;
+    for i in 0..n {
+        let mut r = rb
+            .reserve(32)
+            .unwrap_or_else(|| panic!("reserve {i} failed: {:?}", rb.stats(0)));
+        r[..8].copy_from_slice(&i.to_ne_bytes());
+        r.commit();
+    }
+    let s = rb.stats(0);
+    assert_eq!(s.written, n);
+    assert_eq!(s.entries + s.overrun, n);
+    assert_eq!(s.commit_overrun, 0);
+    let first = rb.consume(0).unwrap();
+    assert_eq!(
+        u64::from_ne_bytes(first.data[..8].try_into().unwrap()),
+        s.overrun
+    );
+}
