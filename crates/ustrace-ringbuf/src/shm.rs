@@ -662,3 +662,35 @@ impl ShmReader {
         std::fs::remove_file(path)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The offsets docs/ring-buffer-shm.md promises.
+    #[test]
+    fn root_layout_matches_the_document() {
+        assert_eq!(offset_of!(RootHeader, magic), 0);
+        assert_eq!(offset_of!(RootHeader, version), 8);
+        assert_eq!(offset_of!(RootHeader, nr_cpus), 12);
+        assert_eq!(offset_of!(RootHeader, page_size), 16);
+        assert_eq!(offset_of!(RootHeader, clock), 20);
+        assert_eq!(offset_of!(RootHeader, overwrite), 24);
+        assert_eq!(offset_of!(RootHeader, recording), 28);
+        assert_eq!(offset_of!(RootHeader, writer_pid), 32);
+        assert_eq!(offset_of!(RootHeader, wake_armed), 64);
+        assert_eq!(offset_of!(RootHeader, wake_seq), 68);
+        assert_eq!(size_of::<RootHeader>(), ROOT_SLOTS_OFFSET);
+        assert_eq!(offset_of!(RootSlot, names), 16);
+        assert_eq!(size_of::<RootSlot>(), 240);
+        assert_eq!(root_size(2), 4096);
+    }
+
+    #[test]
+    fn names_are_sanitized() {
+        assert_eq!(sanitize("my/buf name"), "my_buf_name");
+        assert_eq!(sanitize(""), "buf");
+        assert_eq!(sanitize("a-b"), "a_b");
+    }
+}
