@@ -90,6 +90,11 @@
 //!   real-time signal `SIGRTMAX-5` and may make an interrupted `poll`/`epoll_wait` return
 //!   `EINTR` once.
 //! - Indirect branches (jump tables) are not checked for targets inside the patched bytes.
+//! - A thread that was interrupted inside a prologue by a signal whose handler is still
+//!   running while that prologue is patched resumes in the new bytes when the handler returns
+//!   (the rendezvous sees the handler's `rip`, not the saved one). Patch outside such windows.
+//! - `dlopen`: filter fprobes are re-applied after the call returns; functions the library's
+//!   constructors call during the load are not probed yet.
 //! - Per thread: [`MAX_FRAMES`] hooked calls outstanding and [`ARENA_WORDS`] words of entry
 //!   data, in the thread's static TLS (so no allocation on the hot path).
 
