@@ -247,9 +247,16 @@ fn stress_producer_consumer_resizing() {
 
 static NESTED: std::sync::OnceLock<RingBuffer> = std::sync::OnceLock::new();
 static SIGNAL_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Set by the test thread between reserve and commit.
+static IN_WRITE: AtomicBool = AtomicBool::new(false);
+/// Signals that arrived while the test thread held a reservation.
+static NESTED_HITS: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_signal(_: libc::c_int) {
     if let Some(rb) = NESTED.get() {
+        if IN_WRITE.load(Ordering::Relaxed) {
+            NESTED_HITS.fetch_add(1, Ordering::Relaxed);
+        }
         let seq = SIGNAL_SEQ.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(mut r) = rb.reserve(HDR + 40) {
             fill(&mut r, 1000, seq);
@@ -295,17 +302,34 @@ fn nested_writes_from_signal_handler() {
     let mut seq = 0u64;
     let mut written = 0u64;
     let mut attempts = 0u64;
+    let mut seen = Seen::default();
+    let mut from_signal = 0;
+    let drain = |seen: &mut Seen, from_signal: &mut u64| {
+        for cpu in 0..rb.nr_cpus() {
+            while let Some(e) = rb.consume(cpu) {
+                seen.event(cpu, &e.data);
+                if check(&e.data).0 == 1000 {
+                    *from_signal += 1;
+                }
+            }
+        }
+    };
     while start.elapsed() < Duration::from_millis(300) {
         seq += 1;
         attempts += 1;
         if let Some(mut r) = rb.reserve(HDR + 100) {
+            IN_WRITE.store(true, Ordering::Relaxed);
             fill(&mut r, 1, seq);
             // Widen the window a signal can land in.
             for _ in 0..50 {
                 std::hint::spin_loop();
             }
+            IN_WRITE.store(false, Ordering::Relaxed);
             r.commit();
             written += 1;
+        }
+        if seq.is_multiple_of(256) {
+            drain(&mut seen, &mut from_signal);
         }
     }
     // SAFETY: stopping the timer.
@@ -314,25 +338,19 @@ fn nested_writes_from_signal_handler() {
         libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut());
     }
     std::thread::sleep(Duration::from_millis(5));
-    let mut seen = Seen::default();
-    let mut from_signal = 0;
-    for cpu in 0..rb.nr_cpus() {
-        while let Some(e) = rb.consume(cpu) {
-            seen.event(cpu, &e.data);
-            if check(&e.data).0 == 1000 {
-                from_signal += 1;
-            }
-        }
-    }
+    drain(&mut seen, &mut from_signal);
     let lost: u64 = (0..rb.nr_cpus())
         .map(|c| {
             let s = rb.stats(c);
             s.dropped_events + s.commit_overrun
         })
         .sum();
+    let hits = NESTED_HITS.load(Ordering::Relaxed);
     eprintln!(
-        "nested: {written} thread events, {from_signal} from the signal handler, {lost} dropped"
+        "nested: {written} thread events, {from_signal} from the signal handler \
+         ({hits} inside a reservation), {lost} dropped"
     );
+    assert!(hits > 0, "no signal landed between reserve and commit");
     assert!(
         from_signal > 10,
         "the timer should have fired often ({from_signal})"
