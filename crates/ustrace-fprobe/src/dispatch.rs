@@ -186,8 +186,10 @@ struct Frame {
     ret: usize,
     sp: usize,
     entry_ip: usize,
-    arena_start: u32,
-    arena_end: u32,
+    // All fields word-sized and read one by one: a whole-struct copy right after the entry
+    // wrote them field by field would stall on store forwarding.
+    arena_start: usize,
+    arena_end: usize,
 }
 
 struct ThreadState {
@@ -380,8 +382,8 @@ unsafe fn probe_of_record(hdr: u64) -> Option<&'static Probe> {
 
 /// Drops the records of an abandoned frame: no exit handler, a miss for each live fprobe.
 unsafe fn discard_frame(ts: *mut ThreadState, f: &Frame) {
-    let mut w = f.arena_start as usize;
-    while w < f.arena_end as usize {
+    let mut w = f.arena_start;
+    while w < f.arena_end {
         // SAFETY: records between arena_start and arena_end were written by on_entry.
         let (hdr, words) = unsafe { ((*ts).arena[w], (*ts).arena[w + 1] as usize) };
         // SAFETY: inside the dispatcher.
@@ -401,11 +403,11 @@ unsafe fn pop_stale(ts: *mut ThreadState, sp: usize, inclusive: bool) {
     // SAFETY: own thread state; depth <= MAX_FRAMES.
     unsafe {
         while (*ts).depth > 0 {
-            let f = (*ts).frames[(*ts).depth - 1];
+            let f = &(*ts).frames[(*ts).depth - 1];
             if f.sp < sp || (inclusive && f.sp == sp) {
-                discard_frame(ts, &f);
+                discard_frame(ts, f);
                 (*ts).depth -= 1;
-                (*ts).arena_top = f.arena_start as usize;
+                (*ts).arena_top = f.arena_start;
             } else {
                 break;
             }
@@ -509,8 +511,8 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) {
                         ret: ret_ip,
                         sp,
                         entry_ip: site.func,
-                        arena_start: start as u32,
-                        arena_end: (*ts).arena_top as u32,
+                        arena_start: start,
+                        arena_end: (*ts).arena_top,
                     };
                     (*ts).depth = d + 1;
                     *(sp as *mut usize) = arch::return_trampoline();
@@ -553,11 +555,12 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
                 "ustrace-fprobe: a hooked return has no shadow frame (stack switched?); aborting\n",
             );
         }
-        let f = (*ts).frames[d - 1];
-        *(slot as *mut usize) = f.ret;
-        regs.ip = f.ret as u64;
-        let mut w = f.arena_start as usize;
-        while w < f.arena_end as usize {
+        let f = &(*ts).frames[d - 1];
+        let (f_ret, f_entry_ip, f_start, f_end) = (f.ret, f.entry_ip, f.arena_start, f.arena_end);
+        *(slot as *mut usize) = f_ret;
+        regs.ip = f_ret as u64;
+        let mut w = f_start;
+        while w < f_end {
             let (hdr, words) = ((*ts).arena[w], (*ts).arena[w + 1] as usize);
             if let Some(p) = probe_of_record(hdr) {
                 if was_busy {
@@ -569,7 +572,7 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
                             p.entry_data_size,
                         );
                         let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                            h(p, f.entry_ip, f.ret, regs, data)
+                            h(p, f_entry_ip, f_ret, regs, data)
                         }));
                     }
                 }
@@ -580,7 +583,7 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
             w += 2 + words;
         }
         (*ts).depth = d - 1;
-        (*ts).arena_top = f.arena_start as usize;
+        (*ts).arena_top = f_start;
         if !was_busy {
             q_leave(ts);
             (*ts).busy = false;
@@ -609,7 +612,7 @@ pub(crate) fn detach_thread_frames() -> usize {
     unsafe {
         let n = (*ts).depth;
         for i in (0..n).rev() {
-            let f = (*ts).frames[i];
+            let f = &(*ts).frames[i];
             let slot = f.sp as *mut usize;
             if *slot == tramp {
                 *slot = f.ret;
