@@ -617,7 +617,7 @@ pub(crate) fn detach_thread_frames() -> usize {
             if *slot == tramp {
                 *slot = f.ret;
             }
-            discard_frame(ts, &f);
+            discard_frame(ts, f);
         }
         (*ts).depth = 0;
         (*ts).arena_top = 0;
