@@ -140,13 +140,18 @@ fn register_unregister_while_eight_threads_call() {
     let deadline = Instant::now() + Duration::from_secs_f64(common::stress_secs(2.0));
     let mut rounds = 0u64;
     let mut churn_total = (0u64, 0u64);
+    let (mut reg_time, mut unreg_time) = (Duration::ZERO, Duration::ZERO);
     while Instant::now() < deadline {
         let a = Arc::new(Tally::default());
         let b = Arc::new(Tally::default());
+        let t0 = Instant::now();
         let fa = checked_probe(&a, &churn_syms);
+        reg_time = reg_time.max(t0.elapsed());
         let fb = checked_probe(&b, &stable_syms);
         std::thread::sleep(Duration::from_millis(2));
+        let t0 = Instant::now();
         fa.unregister().expect("unregister a");
+        unreg_time = unreg_time.max(t0.elapsed());
         a.unregistered.store(true, Ordering::Release);
         drop(fb);
         b.unregistered.store(true, Ordering::Release);
@@ -179,7 +184,7 @@ fn register_unregister_while_eight_threads_call() {
     );
     stable.unregister().unwrap();
     eprintln!(
-        "stress: {rounds} register/unregister rounds, {} worker iterations, stable probe {n} entries / {x} exits / {missed} missed, churn probes {} entries / {} exits",
+        "stress: {rounds} register/unregister rounds (slowest patching register {reg_time:?}, unregister {unreg_time:?}), {} worker iterations, stable probe {n} entries / {x} exits / {missed} missed, churn probes {} entries / {} exits",
         calls.load(Ordering::Relaxed),
         churn_total.0,
         churn_total.1
