@@ -222,7 +222,7 @@ impl FprobeBuilder {
         let inv = ustrace_inspect::symbols::inventory();
         let mut targets = Vec::new();
         for name in syms {
-            let found = inv.find(name);
+            let found = find_versioned(&inv, name);
             if found.is_empty() {
                 return Err(Error::NoMatch(name.to_string()));
             }
@@ -339,6 +339,21 @@ fn release_slot(reg: &mut Registry, probe: &Arc<Probe>) {
         .store(std::ptr::null_mut(), Ordering::Release);
     PSLOTS[slot as usize].gen.fetch_add(1, Ordering::AcqRel);
     reg.free_slots.push(slot);
+}
+
+/// Definitions of `name`, also when the symbol table spells it with a version
+/// (`dlopen@@GLIBC_2.34`); one per address.
+pub(crate) fn find_versioned<'a>(
+    inv: &'a ustrace_inspect::symbols::Inventory,
+    name: &str,
+) -> Vec<&'a ustrace_inspect::symbols::Symbol> {
+    let mut out = inv.find(name);
+    for s in inv.glob(&format!("{name}@*")) {
+        if !out.iter().any(|o| o.addr == s.addr) {
+            out.push(s);
+        }
+    }
+    out
 }
 
 pub(crate) fn resolve_filter(filter: &str, notfilter: Option<&str>) -> Vec<Target> {

@@ -26,7 +26,7 @@
 use std::sync::Mutex;
 
 use crate::dispatch::{self, EntryAction};
-use crate::fprobe::{FprobeBuilder, Target};
+use crate::fprobe::{find_versioned, FprobeBuilder, Target};
 
 /// libgcc entry points that start a stack walk.
 pub const UNWIND_ENTRY_POINTS: [&str; 4] = [
@@ -40,21 +40,6 @@ pub const UNWIND_ENTRY_POINTS: [&str; 4] = [
 type HookStatus = Vec<(String, String, Option<String>)>;
 
 static STATUS: Mutex<Option<HookStatus>> = Mutex::new(None);
-
-/// Definitions of `name`, also when the symbol table spells it with a version
-/// (`dlopen@@GLIBC_2.34`); one per address.
-fn find_versioned<'a>(
-    inv: &'a ustrace_inspect::symbols::Inventory,
-    name: &str,
-) -> Vec<&'a ustrace_inspect::symbols::Symbol> {
-    let mut out = inv.find(name);
-    for s in inv.glob(&format!("{name}@*")) {
-        if !out.iter().any(|o| o.addr == s.addr) {
-            out.push(s);
-        }
-    }
-    out
-}
 
 /// Installs the hooks once (idempotent). Called before registering any fprobe with an exit
 /// handler, outside the registry lock.

@@ -212,3 +212,33 @@ fn skip_exit_disable_enable() {
         (3, 2)
     );
 }
+
+#[test]
+fn libc_function_by_plain_name_despite_symbol_versions() {
+    let _g = serial();
+    let text = std::ffi::CString::new("12345").unwrap();
+    let ptr = text.as_ptr() as u64;
+    let seen = Arc::new(AtomicU64::new(0));
+    let s = seen.clone();
+    let fp = match Fprobe::builder()
+        .entry_handler(move |_, _, _, regs, _| {
+            if regs.arg(0) == Some(ptr) {
+                s.fetch_add(1, Ordering::Relaxed);
+            }
+            EntryAction::Continue
+        })
+        .register_syms(&["strtol"])
+    {
+        Ok(fp) => fp,
+        Err(ustrace_fprobe::Error::Refused(why)) => {
+            eprintln!("skipped: this libc's strtol cannot be probed: {why}");
+            return;
+        }
+        Err(e) => panic!("strtol not found by its plain name: {e}"),
+    };
+    // SAFETY: valid NUL-terminated string, null end pointer allowed.
+    let v = unsafe { libc::strtol(text.as_ptr(), std::ptr::null_mut(), 10) };
+    drop(fp);
+    assert_eq!(v, 12345);
+    assert_eq!(seen.load(Ordering::Relaxed), 1);
+}
