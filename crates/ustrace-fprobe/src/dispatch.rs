@@ -423,6 +423,7 @@ fn words_for(bytes: usize) -> usize {
 ///
 /// # Safety
 /// `regs` is the trampoline's frame: `regs.sp` points at the caller's return address.
+#[inline(always)]
 pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) {
     let ts = ts();
     // SAFETY: own thread state, accessed through a raw pointer because handlers (the unwinder
@@ -538,6 +539,7 @@ fn fatal(msg: &str) -> ! {
 ///
 /// # Safety
 /// Only the return trampoline calls this.
+#[inline(always)]
 pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
     let ts = ts();
     let slot = regs.sp as usize;
