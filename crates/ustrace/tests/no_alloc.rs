@@ -1,0 +1,97 @@
+//! The hot path allocates nothing: a counting global allocator watches tracepoint calls,
+//! event writes (plain, filtered, with triggers) after the first call of each thread.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use ustrace::{FileSystem, OpenFlags};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+ustrace::trace_event! {
+    pub fn noalloc::ev(a: u64, s: &str, bytes: &[u8]) {
+        a: u64 = a,
+        s: &str = s,
+        bytes: &[u8] = bytes,
+    }
+    print "a=%llu s=%s bytes=%s", a, s, bytes;
+}
+
+fn set(path: &str, text: &str) {
+    let mut f = ustrace::tracefs().open(path, OpenFlags::TRUNCATE).unwrap();
+    f.write(text.as_bytes()).unwrap();
+}
+
+fn count(mut body: impl FnMut()) -> usize {
+    body(); // first call per thread: thread id, name, RCU slot
+    ALLOCS.store(0, Ordering::Relaxed);
+    COUNTING.store(true, Ordering::Relaxed);
+    for _ in 0..10_000 {
+        body();
+    }
+    COUNTING.store(false, Ordering::Relaxed);
+    ALLOCS.load(Ordering::Relaxed)
+}
+
+#[test]
+fn tracepoints_and_event_writes_do_not_allocate() {
+    let fs = ustrace::tracefs();
+    fs.mkdir("instances/noalloc").unwrap();
+    assert_eq!(count(|| ev::trace(1, "off", b"x")), 0, "tracepoint off");
+    set("instances/noalloc/events/noalloc/ev/enable", "1\n");
+    assert_eq!(
+        count(|| ev::trace(2, "recorded", b"bytes")),
+        0,
+        "event written"
+    );
+    set(
+        "instances/noalloc/events/noalloc/ev/filter",
+        "a == 3 && s ~ \"rec*\"\n",
+    );
+    assert_eq!(
+        count(|| ev::trace(2, "rejected", b"bytes")),
+        0,
+        "filter rejects"
+    );
+    assert_eq!(
+        count(|| ev::trace(3, "recorded", b"bytes")),
+        0,
+        "filter keeps"
+    );
+    set(
+        "instances/noalloc/events/noalloc/ev/trigger",
+        "traceon if a == 4\n",
+    );
+    assert_eq!(
+        count(|| ev::trace(4, "recorded", b"bytes")),
+        0,
+        "conditional trigger"
+    );
+    set("instances/noalloc/events/noalloc/ev/enable", "0\n");
+    assert_eq!(
+        count(|| ev::trace(4, "soft", b"bytes")),
+        0,
+        "soft-disabled with a trigger"
+    );
+}
