@@ -69,7 +69,9 @@ pub fn compile_for(instance: &Instance, event: &Event, text: &str) -> Result<Pro
 }
 
 fn log(instance: &Instance, error: &ustrace_filter::FilterError, text: &str) {
-    if error.kind().is_none() {
+    // The kernel logs every parse failure (one without a known kind as `error: Error`,
+    // caret at 0), except a write too long to take at all.
+    if error.is_write_too_long() {
         return;
     }
     let (location, _) = error.error_log_entry(text);

@@ -113,6 +113,10 @@ pub fn listing(file: &EventFile) -> String {
 
 /// Applies one write to an event's `trigger` file.
 pub fn write(instance: &Instance, file: &Arc<EventFile>, text: &str) -> Result<(), Errno> {
+    // A write of nothing succeeds and does nothing, as on the kernel.
+    if text.is_empty() {
+        return Ok(());
+    }
     let command = syntax::parse_with(text, AVAILABLE).map_err(|e| Errno(e.errno()))?;
     // The kernel looks an enable/disable target up before anything else, removals included.
     let target = match command.kind.target() {

@@ -560,3 +560,24 @@ fn event_fork_adds_a_forked_child_to_set_event_pid() {
         "the parent's list is unchanged"
     );
 }
+
+#[test]
+fn every_filter_parse_failure_is_logged_and_empty_trigger_writes_are_no_ops() {
+    let t = Instance::new("f-log");
+    t.write("error_log", "").unwrap();
+    // An empty filter fails without a specific message: the kernel logs "Error" at 0.
+    assert_eq!(
+        t.write("events/tblock/block_unplug/filter", ""),
+        Err(Errno::EINVAL)
+    );
+    assert!(
+        t.read("error_log")
+            .contains("event filter parse error: error: Error\n"),
+        "{}",
+        t.read("error_log")
+    );
+    t.write("events/tblock/block_unplug/trigger", "").unwrap();
+    assert!(t
+        .read("events/tblock/block_unplug/trigger")
+        .starts_with("# Available triggers:"));
+}
