@@ -423,10 +423,10 @@ fn attach(
     let mut ok = Vec::new();
     for t in targets {
         let rec = reg.sites.entry(t.addr).or_insert_with(|| new_site(&t));
+        // An IFUNC symbol is listed at the implementation its resolver selected (see
+        // ustrace-inspect), which is ordinary code: it is judged like any other function.
         let reason = if let Some(why) = excluded(&t.name) {
             Some(why.to_string())
-        } else if t.ifunc {
-            Some("an ifunc resolver, not the implementation it selects".to_string())
         } else {
             rec.code.as_ref().err().cloned()
         };
@@ -507,7 +507,7 @@ fn new_site(t: &Target) -> SiteRec {
         probes: AtomicPtr::new(std::ptr::null_mut()),
         no_return_hook: AtomicBool::new(false),
     }));
-    let code = if excluded(&t.name).is_some() || t.ifunc {
+    let code = if excluded(&t.name).is_some() {
         Err("not analysed".to_string())
     } else {
         arch::build_site(t.addr, t.size, site as *const Site as usize)

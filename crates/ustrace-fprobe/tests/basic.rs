@@ -242,3 +242,29 @@ fn libc_function_by_plain_name_despite_symbol_versions() {
     assert_eq!(v, 12345);
     assert_eq!(seen.load(Ordering::Relaxed), 1);
 }
+
+/// IFUNC functions (strlen picks an implementation at load time) are probed at the
+/// implementation the inventory lists, not refused.
+#[test]
+fn ifunc_functions_are_probed_at_their_implementation() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let fp = match ustrace_fprobe::Fprobe::builder()
+        .entry_handler(move |_, _, _, _, _| {
+            h.fetch_add(1, Ordering::Relaxed);
+            ustrace_fprobe::EntryAction::Continue
+        })
+        .register_syms(&["strlen"])
+    {
+        Ok(fp) => fp,
+        Err(e) => panic!("strlen (an IFUNC) was refused: {e}"),
+    };
+    let text = std::ffi::CString::new("twelve bytes").unwrap();
+    // SAFETY: a valid NUL-terminated string.
+    let n = unsafe { libc::strlen(std::hint::black_box(text.as_ptr())) };
+    assert_eq!(n, 12);
+    assert!(hits.load(Ordering::Relaxed) >= 1);
+    fp.unregister().unwrap();
+}
