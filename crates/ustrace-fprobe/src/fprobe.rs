@@ -86,7 +86,6 @@ pub(crate) struct Target {
     pub addr: usize,
     pub size: Option<usize>,
     pub name: String,
-    pub ifunc: bool,
 }
 
 fn excluded(name: &str) -> Option<&'static str> {
@@ -203,13 +202,11 @@ impl FprobeBuilder {
                     addr: s.addr,
                     size: Some(s.size).filter(|&n| n > 0),
                     name: s.name.clone(),
-                    ifunc: s.ifunc,
                 },
                 _ => Target {
                     addr: ip,
                     size: None,
                     name: format!("{ip:#x}"),
-                    ifunc: false,
                 },
             })
             .collect();
@@ -232,7 +229,6 @@ impl FprobeBuilder {
                         addr: s.addr,
                         size: Some(s.size).filter(|&n| n > 0),
                         name: s.name.clone(),
-                        ifunc: s.ifunc,
                     });
                 }
             }
@@ -377,7 +373,6 @@ pub(crate) fn resolve_filter(filter: &str, notfilter: Option<&str>) -> Vec<Targe
                 addr: s.addr,
                 size: Some(s.size).filter(|&n| n > 0),
                 name: s.name.clone(),
-                ifunc: s.ifunc,
             });
         }
     }
