@@ -705,15 +705,12 @@ pub fn enabled_functions() -> String {
 /// is patched).
 pub fn check_patchable(addr: usize) -> Option<String> {
     let inv = ustrace_inspect::symbols::inventory();
-    let (name, size, ifunc) = match inv.lookup(addr) {
-        Some((s, 0)) => (s.name.clone(), Some(s.size).filter(|&n| n > 0), s.ifunc),
-        _ => (format!("{addr:#x}"), None, false),
+    let (name, size) = match inv.lookup(addr) {
+        Some((s, 0)) => (s.name.clone(), Some(s.size).filter(|&n| n > 0)),
+        _ => (format!("{addr:#x}"), None),
     };
     if let Some(why) = excluded(&name) {
         return Some(why.into());
-    }
-    if ifunc {
-        return Some("an ifunc resolver, not the implementation it selects".into());
     }
     let g = registry();
     if let Some(rec) = g.as_ref().and_then(|r| r.sites.get(&addr)) {

@@ -56,7 +56,6 @@ pub(crate) fn ensure_hooks() {
                 addr: s.addr,
                 size: Some(s.size).filter(|&n| n > 0),
                 name: s.name.clone(),
-                ifunc: s.ifunc,
             };
             let res = FprobeBuilder::new()
                 .internal()
@@ -109,7 +108,6 @@ pub(crate) fn ensure_dlopen_hook() {
                 addr: s.addr,
                 size: Some(s.size).filter(|&n| n > 0),
                 name: s.name.clone(),
-                ifunc: s.ifunc,
             };
             let res = FprobeBuilder::new()
                 .internal_with_exit()
