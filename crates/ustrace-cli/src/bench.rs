@@ -312,7 +312,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         });
         file.soft_mode_put();
     }
-    let call_baseline = if wanted("fprobe") {
+    let any_fprobe = ["fprobe_entry", "fprobe_entry_exit", "fprobe_event_2args"]
+        .iter()
+        .any(|n| wanted(n));
+    let call_baseline = if any_fprobe {
         time_per_op(n, reps, call_loop)
     } else {
         0.0
