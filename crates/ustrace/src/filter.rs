@@ -61,8 +61,8 @@ fn compile(event: &Event, text: &str) -> Result<Program, ustrace_filter::FilterE
 }
 
 /// Compiles a trigger's `if` filter; an error is logged as the kernel logs it.
-pub fn compile_for(instance: &Instance, event: &Event, text: &str) -> Result<Program, Errno> {
-    compile(event, text).map_err(|e| {
+pub fn compile_for(instance: &Instance, event: &Event, text: &str) -> Result<Compiled, Errno> {
+    compile(event, text).map(Compiled::new).map_err(|e| {
         log(instance, &e, text);
         Errno(e.errno())
     })
@@ -106,15 +106,47 @@ fn read_user_string(addr: u64, buf: &mut [u8]) -> Option<usize> {
 }
 
 /// Whether `record` passes `program`, with this thread's CPU and name as context.
-#[inline]
-pub fn matches(program: &Program, record: &[u8]) -> bool {
-    let comm = current_comm_bytes();
-    let ctx = Context {
-        cpu: ustrace_ringbuf::cpu::current_cpu() as u32,
-        comm: &comm,
-        read_str: Some(&read_user_string),
-    };
-    program.matches(record, &ctx)
+/// A compiled filter and what it needs from outside the record, decided once.
+pub struct Compiled {
+    program: Program,
+    needs_comm: bool,
+    needs_cpu: bool,
+}
+
+impl Compiled {
+    pub fn new(program: Program) -> Compiled {
+        Compiled {
+            needs_comm: program.needs_comm(),
+            needs_cpu: program.needs_cpu(),
+            program,
+        }
+    }
+
+    pub fn text(&self) -> &str {
+        self.program.text()
+    }
+
+    /// Whether `record` passes, with this thread's CPU and name as context; those are
+    /// looked up only when the program names them.
+    #[inline]
+    pub fn matches(&self, record: &[u8]) -> bool {
+        let comm = if self.needs_comm {
+            current_comm_bytes()
+        } else {
+            [0; 16]
+        };
+        let cpu = if self.needs_cpu {
+            ustrace_ringbuf::cpu::current_cpu() as u32
+        } else {
+            0
+        };
+        let ctx = Context {
+            cpu,
+            comm: &comm,
+            read_str: Some(&read_user_string),
+        };
+        self.program.matches(record, &ctx)
+    }
 }
 
 /// What an event's `filter` file shows.
@@ -136,7 +168,7 @@ pub fn write_event(instance: &Instance, file: &EventFile, text: &str) -> Result<
     match compile(&file.event, expr) {
         Ok(program) => {
             let shown = format!("{}\n", program.text());
-            file.set_filter(Some(program), Some(shown));
+            file.set_filter(Some(Compiled::new(program)), Some(shown));
             Ok(())
         }
         Err(error) => {
@@ -183,7 +215,7 @@ pub fn write_system(instance: &Instance, system: &str, text: &str) -> Result<(),
         match compile(&file.event, expr) {
             Ok(program) => {
                 let shown = format!("{}\n", program.text());
-                file.set_filter(Some(program), Some(shown));
+                file.set_filter(Some(Compiled::new(program)), Some(shown));
             }
             Err(_) => {
                 file.set_filter_text(Some(subsystem_error_text(expr)));

@@ -51,7 +51,7 @@ pub struct EventFile {
     flags: AtomicU32,
     pub(crate) shared: Arc<Shared>,
     control: Mutex<Control>,
-    pub(crate) filter: RcuCell<ustrace_filter::Program>,
+    pub(crate) filter: RcuCell<crate::filter::Compiled>,
     /// What the `filter` file shows; `None` shows `none`.
     pub(crate) filter_text: Mutex<Option<String>>,
     pub(crate) triggers: RcuCell<Vec<Arc<crate::trigger::Registered>>>,
@@ -231,7 +231,7 @@ impl EventFile {
         if flags & flag::FILTERED != 0 {
             let guard = crate::rcu::read_lock();
             if let Some(program) = self.filter.get(&guard) {
-                if !crate::filter::matches(program, record) {
+                if !program.matches(record) {
                     return (false, fired);
                 }
             }
@@ -330,7 +330,7 @@ impl EventFile {
     /// Publishes a filter program (or none) and the text `filter` shows.
     pub(crate) fn set_filter(
         &self,
-        program: Option<ustrace_filter::Program>,
+        program: Option<crate::filter::Compiled>,
         text: Option<String>,
     ) {
         let on = program.is_some();

@@ -43,7 +43,7 @@ pub type RecordHook = Arc<dyn Fn(&[u8]) + Send + Sync>;
 /// One registered trigger.
 pub struct Registered {
     trigger: Trigger,
-    filter: Option<ustrace_filter::Program>,
+    filter: Option<crate::filter::Compiled>,
     /// The event an `enable_event`/`disable_event` acts on (held in soft mode).
     target: Option<Arc<EventFile>>,
     /// Set for internal record hooks, which the `trigger` file neither lists nor matches.
@@ -58,7 +58,7 @@ pub struct HookId(Arc<Registered>);
 /// enabled (it is held in soft mode), as the kernel attaches an eprobe to its source event.
 pub fn add_hook(
     file: &Arc<EventFile>,
-    filter: Option<ustrace_filter::Program>,
+    filter: Option<crate::filter::Compiled>,
     hook: RecordHook,
 ) -> Result<HookId, Errno> {
     let mut list = file.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
@@ -229,7 +229,7 @@ pub(crate) fn evaluate(file: &EventFile, record: Option<&[u8]>) -> u64 {
     for (i, t) in triggers.iter().enumerate().take(MAX_TRIGGERS) {
         if let Some(filter) = &t.filter {
             let Some(record) = record else { continue };
-            if !crate::filter::matches(filter, record) {
+            if !filter.matches(record) {
                 continue;
             }
         }
