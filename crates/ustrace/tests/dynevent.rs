@@ -2,7 +2,10 @@
 //! `vfs_read`-like function, a `vfs_open`-like one whose callee updates a struct, a
 //! tracepoint, and a static event for eprobes.
 
-use ustrace::{Errno, FileSystem, OpenFlags};
+mod common;
+
+use common::{append, write};
+use ustrace::{Errno, FileSystem};
 
 /// Shaped like the kernel's `struct file`, as far as the examples look into it.
 #[repr(C)]
@@ -52,26 +55,7 @@ ustrace::trace_event! {
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn read(path: &str) -> String {
-    let mut file = ustrace::tracefs().open(path, OpenFlags::READ).unwrap();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        let n = file.read(&mut buf, None).unwrap();
-        if n == 0 {
-            return String::from_utf8(out).unwrap();
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-}
-
-fn write(path: &str, text: &str) -> Result<(), Errno> {
-    let mut file = ustrace::tracefs().open(path, OpenFlags::TRUNCATE)?;
-    file.write(text.as_bytes()).map(|_| ())
-}
-
-fn append(path: &str, text: &str) -> Result<(), Errno> {
-    let mut file = ustrace::tracefs().open(path, OpenFlags::APPEND)?;
-    file.write(text.as_bytes()).map(|_| ())
+    common::read(path).unwrap()
 }
 
 /// A test's instance; dynamic events are process-wide, so tests run one at a time and clean

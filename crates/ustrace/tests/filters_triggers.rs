@@ -1,6 +1,8 @@
 //! events.rst sections 5 (filters) and 6 (triggers), example by example, on user-space events
 //! shaped like the document's kernel events.
 
+mod common;
+
 use ustrace::{Errno, FileSystem, OpenFlags};
 
 ustrace::trace_event! {
@@ -76,33 +78,16 @@ impl Instance {
         format!("instances/{}/{p}", self.0)
     }
     fn read(&self, p: &str) -> String {
-        let mut file = ustrace::tracefs()
-            .open(&self.path(p), OpenFlags::READ)
-            .unwrap();
-        let mut out = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = file.read(&mut buf, None).unwrap();
-            if n == 0 {
-                return String::from_utf8(out).unwrap();
-            }
-            out.extend_from_slice(&buf[..n]);
-        }
+        common::read(&self.path(p)).unwrap()
     }
     fn write(&self, p: &str, text: &str) -> Result<(), Errno> {
-        let mut file = ustrace::tracefs().open(&self.path(p), OpenFlags::TRUNCATE)?;
-        file.write(text.as_bytes()).map(|_| ())
+        common::write(&self.path(p), text)
     }
     fn append(&self, p: &str, text: &str) -> Result<(), Errno> {
-        let mut file = ustrace::tracefs().open(&self.path(p), OpenFlags::APPEND)?;
-        file.write(text.as_bytes()).map(|_| ())
+        common::append(&self.path(p), text)
     }
     fn lines(&self) -> Vec<String> {
-        self.read("trace")
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(String::from)
-            .collect()
+        common::body_lines(&self.read("trace"))
     }
 }
 

@@ -3,8 +3,11 @@
 //! Every test works in an instance of its own (`instances/NAME`), as independent as the
 //! kernel's, so tests can run in parallel in one process.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{body_lines, read};
 use ustrace::{Errno, FileSystem, OpenFlags};
 
 ustrace::trace_event! {
@@ -100,27 +103,12 @@ impl Drop for Instance {
     }
 }
 
-fn read(path: &str) -> Result<String, Errno> {
-    let mut file = ustrace::tracefs().open(path, OpenFlags::READ)?;
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = file.read(&mut buf, None)?;
-        if n == 0 {
-            return Ok(String::from_utf8(out).unwrap());
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-}
-
 fn write(path: &str, text: &str, append: bool) -> Result<(), Errno> {
-    let flags = if append {
-        OpenFlags::APPEND
+    if append {
+        common::append(path, text)
     } else {
-        OpenFlags::TRUNCATE
-    };
-    let mut file = ustrace::tracefs().open(path, flags)?;
-    file.write(text.as_bytes()).map(|_| ())
+        common::write(path, text)
+    }
 }
 
 fn fire_all() {
@@ -128,14 +116,6 @@ fn fire_all() {
     sched_switch::trace(1, 42);
     irq_handler_entry::trace(19, "eth0");
     softirq_entry::trace(3);
-}
-
-fn body_lines(trace: &str) -> Vec<String> {
-    trace
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(String::from)
-        .collect()
 }
 
 // See: events.rst 2.1, "Via the 'set_event' interface".
