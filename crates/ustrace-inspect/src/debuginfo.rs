@@ -185,7 +185,9 @@ impl TypeTable {
         self.nodes.is_empty()
     }
 
-    fn push(&mut self, node: TypeNode) -> TypeId {
+    /// Adds a type, for signatures built from something other than DWARF (a tracepoint's
+    /// declaration).
+    pub fn push(&mut self, node: TypeNode) -> TypeId {
         self.nodes.push(node);
         TypeId(self.nodes.len() as u32 - 1)
     }

@@ -96,6 +96,11 @@ struct CoreEnv {
 
 impl ProbeEnv for CoreEnv {
     fn function_info(&self, name: &str) -> Option<ustrace_inspect::debuginfo::FunctionInfo> {
+        // A `t` probe's target is a tracepoint, not a function: its signature comes from the
+        // tracepoint's declaration.
+        if let Some(tp) = crate::tracepoint::find(name) {
+            return tracepoint_signature(tp.info());
+        }
         self.inspect.function_info(name)
     }
     fn has_tracepoint(&self, name: &str) -> bool {
@@ -108,6 +113,104 @@ impl ProbeEnv for CoreEnv {
     fn resolve_symbol(&self, name: &str) -> Option<u64> {
         self.inspect.resolve_symbol(name)
     }
+}
+
+/// A tracepoint's signature as the probe parser sees a function's, built from the
+/// declaration (`["key: &str", "hit: bool"]`) so `t` probes can name arguments. Integers and
+/// `bool` keep their type; references and pointers are pointers to an opaque type (members
+/// cannot be named without debug info; `+OFFS(name)` reads them); `&str` and slices occupy
+/// two raw words, the address (`name`) and the length (`name_len`), as [`RawArg`] passes them.
+///
+/// [`RawArg`]: crate::tracepoint::RawArg
+fn tracepoint_signature(
+    info: &crate::tracepoint::TracepointInfo,
+) -> Option<ustrace_inspect::debuginfo::FunctionInfo> {
+    use ustrace_inspect::debuginfo::{
+        BaseEncoding, FunctionInfo, Param, TypeKind, TypeNode, TypeTable,
+    };
+    let mut types = TypeTable::default();
+    let mut params = Vec::new();
+    let mut slot = 0usize;
+    let base = |types: &mut TypeTable, name: &str, size: u64, encoding: BaseEncoding| {
+        types.push(TypeNode {
+            name: Some(name.into()),
+            size: Some(size),
+            kind: TypeKind::Base(encoding),
+        })
+    };
+    for decl in info.args {
+        let (name, ty) = decl.split_once(':')?;
+        let (name, ty) = (name.trim(), ty.trim());
+        let integer = match ty {
+            "u8" | "bool" => Some(("u8", 1, BaseEncoding::Unsigned)),
+            "u16" => Some(("u16", 2, BaseEncoding::Unsigned)),
+            "u32" | "char" => Some(("u32", 4, BaseEncoding::Unsigned)),
+            "u64" | "usize" => Some(("u64", 8, BaseEncoding::Unsigned)),
+            "i8" => Some(("s8", 1, BaseEncoding::Signed)),
+            "i16" => Some(("s16", 2, BaseEncoding::Signed)),
+            "i32" => Some(("s32", 4, BaseEncoding::Signed)),
+            "i64" | "isize" => Some(("s64", 8, BaseEncoding::Signed)),
+            _ => None,
+        };
+        if let Some((c_name, size, encoding)) = integer {
+            let ty = base(&mut types, c_name, size, encoding);
+            params.push(Param {
+                name: name.into(),
+                ty,
+                abi_index: Some(slot),
+            });
+            slot += 1;
+            continue;
+        }
+        let sized = ty.trim_start_matches('&').trim_start_matches("mut ").trim();
+        let (pointee, with_len) = if sized == "str" {
+            (
+                base(&mut types, "char", 1, BaseEncoding::Char { signed: false }),
+                true,
+            )
+        } else if sized.starts_with('[') {
+            (base(&mut types, "u8", 1, BaseEncoding::Unsigned), true)
+        } else {
+            let opaque = sized
+                .trim_start_matches("*const ")
+                .trim_start_matches("*mut ");
+            (
+                types.push(TypeNode {
+                    name: Some(opaque.into()),
+                    size: None,
+                    kind: TypeKind::Struct(Vec::new()),
+                }),
+                false,
+            )
+        };
+        let pointer = types.push(TypeNode {
+            name: None,
+            size: Some(8),
+            kind: TypeKind::Pointer(pointee),
+        });
+        params.push(Param {
+            name: name.into(),
+            ty: pointer,
+            abi_index: Some(slot),
+        });
+        slot += 1;
+        if with_len {
+            let len = base(&mut types, "u64", 8, BaseEncoding::Unsigned);
+            params.push(Param {
+                name: format!("{name}_len"),
+                ty: len,
+                abi_index: Some(slot),
+            });
+            slot += 1;
+        }
+    }
+    Some(FunctionInfo {
+        name: info.name.into(),
+        params,
+        ret: None,
+        types,
+        source: Arc::from("tracepoint declaration"),
+    })
 }
 
 /// What a probe hit offers the fetch program.

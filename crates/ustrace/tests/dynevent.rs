@@ -326,3 +326,40 @@ fn events_built_in_code_go_through_the_same_parser() {
     assert_eq!(err.errno, Errno::EINVAL);
     assert!(err.log.unwrap().starts_with("trace_fprobe: error: "));
 }
+
+ustrace::declare_tracepoint! {
+    /// A request with a string and integers, for named tracepoint-probe arguments.
+    pub fn dyn_request(method: &str, status: u16, latency: i64, task: &Task);
+}
+
+// See: fprobetrace.rst, tracepoint probes with named arguments ("t sched_switch $arg*"):
+// names and types come from the tracepoint macro's declaration.
+#[test]
+fn tracepoint_probes_take_names_and_types_from_the_declaration() {
+    let t = Scope::new("dyn-tp-named");
+    append("dynamic_events", "t dyn_request $arg*\n").unwrap();
+    assert_eq!(
+        read("dynamic_events"),
+        "t:tracepoints/dyn_request dyn_request method=method method_len=method_len status=status latency=latency task=task\n"
+    );
+    append(
+        "dynamic_events",
+        "t:tracepoints/req2 dyn_request m=+0(method):u8 status latency pid=+0(task):s32\n",
+    )
+    .unwrap();
+    write(&t.p("events/tracepoints/enable"), "1\n").unwrap();
+    let task = Task { pid: 4242, prio: 1 };
+    dyn_request::trace("GET", 404, -7, &task);
+    let lines = t.lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        text_of(&lines[0]).contains(" method_len=3 status=404 latency=-7 task=0x"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        text_of(&lines[1]).ends_with(" m=71 status=404 latency=-7 pid=4242"),
+        "{}",
+        lines[1]
+    );
+}
