@@ -371,7 +371,11 @@ fn parse_fprobe(argv: Vec<String>, env: &dyn ProbeEnv) -> Result<ProbeDefinition
         fprobe: true,
         tevent: false,
     };
-    let mut debug = DebugInfo::new(env, symbol);
+    let mut debug = if is_tp {
+        DebugInfo::for_tracepoint(env, symbol)
+    } else {
+        DebugInfo::new(env, symbol)
+    };
     let words = expand_meta_args(&argv, flags, &mut debug, &log)?;
     if words.len() > MAX_TRACE_ARGS {
         return Err(log.err(E::TOO_MANY_ARGS, 2, 0, Errno::TooBig));

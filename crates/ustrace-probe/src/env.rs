@@ -61,6 +61,13 @@ pub trait ProbeEnv {
         None
     }
 
+    /// Signature of the tracepoint `name` (`t` probes). Defaults to
+    /// [`ProbeEnv::function_info`]; an environment whose tracepoints are
+    /// not functions of the same name answers it separately.
+    fn tracepoint_info(&self, name: &str) -> Option<FunctionInfo> {
+        self.function_info(name)
+    }
+
     /// Whether a tracepoint called `name` exists (`t` probes).
     fn has_tracepoint(&self, name: &str) -> bool {
         let _ = name;

@@ -218,6 +218,8 @@ impl EntryArgs {
 pub(crate) struct DebugInfo<'e> {
     env: &'e dyn ProbeEnv,
     func: String,
+    /// Whether `func` names a tracepoint (`t` probes) rather than a function.
+    tracepoint: bool,
     state: Option<Option<FunctionInfo>>,
 }
 
@@ -226,7 +228,16 @@ impl<'e> DebugInfo<'e> {
         DebugInfo {
             env,
             func: func.to_owned(),
+            tracepoint: false,
             state: None,
+        }
+    }
+
+    /// Signature lookups for a tracepoint rather than a function.
+    pub(crate) fn for_tracepoint(env: &'e dyn ProbeEnv, name: &str) -> DebugInfo<'e> {
+        DebugInfo {
+            tracepoint: true,
+            ..DebugInfo::new(env, name)
         }
     }
 
@@ -234,6 +245,8 @@ impl<'e> DebugInfo<'e> {
         if self.state.is_none() {
             self.state = Some(if self.func.is_empty() {
                 None
+            } else if self.tracepoint {
+                self.env.tracepoint_info(&self.func)
             } else {
                 self.env.function_info(&self.func)
             });

@@ -96,12 +96,12 @@ struct CoreEnv {
 
 impl ProbeEnv for CoreEnv {
     fn function_info(&self, name: &str) -> Option<ustrace_inspect::debuginfo::FunctionInfo> {
-        // A `t` probe's target is a tracepoint, not a function: its signature comes from the
-        // tracepoint's declaration.
-        if let Some(tp) = crate::tracepoint::find(name) {
-            return tracepoint_signature(tp.info());
-        }
         self.inspect.function_info(name)
+    }
+    /// A `t` probe's target is a tracepoint, not a function: its signature comes from the
+    /// tracepoint's declaration.
+    fn tracepoint_info(&self, name: &str) -> Option<ustrace_inspect::debuginfo::FunctionInfo> {
+        tracepoint_signature(crate::tracepoint::find(name)?.info())
     }
     fn has_tracepoint(&self, name: &str) -> bool {
         crate::tracepoint::find(name).is_some()
