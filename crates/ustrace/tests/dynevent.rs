@@ -363,3 +363,52 @@ fn tracepoint_probes_take_names_and_types_from_the_declaration() {
         lines[1]
     );
 }
+
+// See: eprobetrace.rst "Attaching to dynamic events": eprobes on fprobe events and on other
+// eprobes.
+#[test]
+fn eprobes_attach_to_fprobe_events_and_to_eprobes() {
+    let t = Scope::new("dyn-eprobe-chain");
+    append("dynamic_events", "f:fprobes/rd vfs_read count=$arg3:u64\n").unwrap();
+    append(
+        "dynamic_events",
+        "e:eprobes/rd_count fprobes.rd n=$count:u64 if count > 1\n",
+    )
+    .unwrap();
+    append(
+        "dynamic_events",
+        "e:eprobes/rd_again eprobes.rd_count again=$n:u64\n",
+    )
+    .unwrap();
+    write(&t.p("events/eprobes/enable"), "1\n").unwrap();
+    // The fprobe event itself is off: the eprobe holds it in soft mode.
+    assert_eq!(read(&t.p("events/fprobes/rd/enable")), "0*\n");
+    let mut file = File {
+        f_mode: 0,
+        f_inode: 0,
+    };
+    let (mut buf, mut pos) = ([0u8; 8], 0i64);
+    vfs_read(&mut file, buf.as_mut_ptr(), 1, &mut pos);
+    vfs_read(&mut file, buf.as_mut_ptr(), 5, &mut pos);
+    let lines = t.lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        text_of(&lines[0]).ends_with("rd_count: (fprobes.rd) n=5"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        text_of(&lines[1]).ends_with("rd_again: (eprobes.rd_count) again=5"),
+        "{}",
+        lines[1]
+    );
+    // A source in use by an eprobe cannot go away.
+    assert_eq!(
+        append("dynamic_events", "-:fprobes/rd\n"),
+        Err(Errno::EBUSY)
+    );
+    write(&t.p("events/eprobes/enable"), "0\n").unwrap();
+    append("dynamic_events", "-:eprobes/rd_again\n").unwrap();
+    append("dynamic_events", "-:eprobes/rd_count\n").unwrap();
+    append("dynamic_events", "-:fprobes/rd\n").unwrap();
+}
