@@ -133,7 +133,24 @@ impl Client {
 
     fn call_with(&mut self, req: &Request, wait: Option<Duration>) -> Result<Reply, CtlError> {
         self.stream.set_read_timeout(wait)?;
-        self.stream.write_all(&req.encode())?;
+        if let Err(sent) = self.stream.write_all(&req.encode()) {
+            // A server that refuses a connection (uid, connection limit) writes its error
+            // reply and closes at once, so sending may fail with EPIPE while the reply is
+            // waiting to be read: prefer the reply, which says why.
+            let _ = self
+                .stream
+                .set_read_timeout(Some(Duration::from_millis(200)));
+            return match proto::read_frame(&mut self.stream) {
+                Ok(body) => match Reply::decode(&body) {
+                    Ok(Reply::Error { errno, message }) => Err(CtlError::Remote {
+                        errno: Errno(errno),
+                        message,
+                    }),
+                    _ => Err(CtlError::Io(sent)),
+                },
+                Err(_) => Err(CtlError::Io(sent)),
+            };
+        }
         let body = proto::read_frame(&mut self.stream).map_err(|e| match e {
             FrameError::Io(e) => CtlError::Io(e),
             FrameError::Closed => CtlError::Io(io::Error::new(
