@@ -154,6 +154,9 @@ pub struct Event {
 struct CpuSlot {
     /// The region writers reserve in; owned by `Control::keep`.
     current: AtomicPtr<Region>,
+    /// Events refused because their region had just been closed (resize, reset, swap)
+    /// and its successor was not published yet; reported as dropped.
+    refused_closed: AtomicU64,
 }
 
 /// Reader-side view of one CPU: its regions, oldest first (the last is
@@ -246,6 +249,7 @@ impl RingBuffer {
         for r in buf_regions {
             slots.push(CpuSlot {
                 current: AtomicPtr::new(Arc::as_ptr(&r) as *mut Region),
+                refused_closed: AtomicU64::new(0),
             });
             let cursor = r.reader_start();
             control.keep.push(r.clone());
@@ -325,7 +329,9 @@ impl RingBuffer {
                 }
                 Err(ReserveError::Closed) => {
                     if slot.current.load(Ordering::Acquire) == ptr {
-                        // Being reset: the event is lost with the old contents.
+                        // Closed and not yet replaced (a reset or resize in progress): the
+                        // event is lost, and counted, never silently.
+                        slot.refused_closed.fetch_add(1, Ordering::Relaxed);
                         return None;
                     }
                 }
@@ -421,6 +427,7 @@ impl RingBuffer {
         self.slots[cpu]
             .current
             .store(Arc::as_ptr(&region) as *mut Region, Ordering::Release);
+        self.slots[cpu].refused_closed.store(0, Ordering::Relaxed);
         let cursor = region.reader_start();
         ctl.cpus[cpu] = ReaderCpu {
             regions: vec![(region, cursor)],
@@ -594,7 +601,11 @@ impl RingBuffer {
             bytes,
             oldest_event_ts: oldest.unwrap_or(0),
             now_ts: clock::now(self.clock()),
-            dropped_events: t.dropped,
+            dropped_events: t.dropped
+                + self
+                    .slots
+                    .get(cpu)
+                    .map_or(0, |s| s.refused_closed.load(Ordering::Relaxed)),
             read_events: t.read,
             written: t.committed,
         }
