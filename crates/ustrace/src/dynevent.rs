@@ -225,6 +225,21 @@ struct HitContext<'a> {
     comm: [u8; 16],
 }
 
+impl HitContext<'_> {
+    /// A hit that offers nothing but the thread's name; callers fill in what they have.
+    fn empty() -> HitContext<'static> {
+        HitContext {
+            regs: None,
+            words: &[],
+            record: &[],
+            entry: &[],
+            ip: 0,
+            ret_ip: 0,
+            comm: comm(),
+        }
+    }
+}
+
 impl FetchContext for HitContext<'_> {
     fn arg(&self, n: usize) -> u64 {
         match self.regs {
@@ -364,12 +379,8 @@ impl EventClass for DynEvent {
                     .entry_handler(move |_fp, entry_ip, _ret_ip, regs, _data| {
                         let ctx = HitContext {
                             regs: Some(regs),
-                            words: &[],
-                            record: &[],
-                            entry: &[],
                             ip: entry_ip as u64,
-                            ret_ip: 0,
-                            comm: comm(),
+                            ..HitContext::empty()
                         };
                         emit(&file, &program, &ctx);
                         EntryAction::Continue
@@ -391,12 +402,8 @@ impl EventClass for DynEvent {
                         if entry_words > 0 {
                             let ctx = HitContext {
                                 regs: Some(regs),
-                                words: &[],
-                                record: &[],
-                                entry: &[],
                                 ip: entry_ip as u64,
-                                ret_ip: 0,
-                                comm: comm(),
+                                ..HitContext::empty()
                             };
                             let mut words = [0u64; 16];
                             let n = entry_words.min(words.len());
@@ -415,12 +422,10 @@ impl EventClass for DynEvent {
                         }
                         let ctx = HitContext {
                             regs: Some(regs),
-                            words: &[],
-                            record: &[],
                             entry: &words[..n],
                             ip: entry_ip as u64,
                             ret_ip: ret_ip as u64,
-                            comm: comm(),
+                            ..HitContext::empty()
                         };
                         emit(&file, &program, &ctx);
                     })
@@ -435,13 +440,8 @@ impl EventClass for DynEvent {
                     0,
                     Arc::new(move |words: &[u64]| {
                         let ctx = HitContext {
-                            regs: None,
                             words,
-                            record: &[],
-                            entry: &[],
-                            ip: 0,
-                            ret_ip: 0,
-                            comm: comm(),
+                            ..HitContext::empty()
                         };
                         emit(&file, &program, &ctx);
                     }),
@@ -462,13 +462,8 @@ impl EventClass for DynEvent {
                     filter,
                     Arc::new(move |record: &[u8]| {
                         let ctx = HitContext {
-                            regs: None,
-                            words: &[],
                             record,
-                            entry: &[],
-                            ip: 0,
-                            ret_ip: 0,
-                            comm: comm(),
+                            ..HitContext::empty()
                         };
                         emit(&file, &program, &ctx);
                     }),

@@ -133,14 +133,7 @@ impl EventFile {
         if flags & (flag::FILTERED | flag::TRIGGER_COND | flag::SOFT_DISABLED) != 0 {
             return self.record_checked(len, flags, fill);
         }
-        let pid = thread::current_tid(&self.shared.record_cmd);
-        let Some(mut slot) = self.shared.buffer.reserve(len) else {
-            return;
-        };
-        let record: &mut [u8] = &mut slot;
-        self.write_header(record, pid);
-        fill(record);
-        slot.commit();
+        self.record_direct(len, fill);
     }
 
     /// Records for a producer that is not a probe and is never soft-disabled (`trace_marker`),
@@ -155,6 +148,12 @@ impl EventFile {
         if flags & (flag::FILTERED | flag::TRIGGER_COND) != 0 {
             return self.record_checked(len, flags, fill);
         }
+        self.record_direct(len, fill);
+    }
+
+    /// Reserves in the buffer, writes header and fields, commits: the unfiltered path.
+    #[inline(always)]
+    fn record_direct(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
         let pid = thread::current_tid(&self.shared.record_cmd);
         let Some(mut slot) = self.shared.buffer.reserve(len) else {
             return;
@@ -167,10 +166,7 @@ impl EventFile {
 
     #[inline(always)]
     fn write_header(&self, record: &mut [u8], pid: i32) {
-        record[0..2].copy_from_slice(&self.id.to_ne_bytes());
-        record[2] = 0;
-        record[3] = 0;
-        record[4..8].copy_from_slice(&pid.to_ne_bytes());
+        crate::event::field::write_common_header(record, self.id, pid);
     }
 
     /// The record path when a filter or conditional triggers must see the record before it
@@ -518,11 +514,7 @@ impl Instance {
     /// stamped with the time.
     pub fn log_error_text(&self, text: &str) {
         let ts = ustrace_ringbuf::clock::now(self.shared.buffer.clock());
-        let text = format!(
-            "[{:>5}.{:06}] {text}",
-            ts / 1_000_000_000,
-            (ts % 1_000_000_000) / 1000,
-        );
+        let text = format!("[{}] {text}", crate::output::Seconds(ts));
         let mut log = self.error_log.lock().unwrap_or_else(|e| e.into_inner());
         if log.len() == ERROR_LOG_MAX {
             log.pop_front();
@@ -530,19 +522,14 @@ impl Instance {
         log.push_back(LoggedError { text });
     }
 
+    /// Appends an entry in the kernel's `tracing_log_err` layout: a location, the message,
+    /// the command, and a caret under byte `pos` of the command.
     pub fn log_error(&self, location: &str, message: &str, command: &str, pos: usize) {
-        let ts = ustrace_ringbuf::clock::now(self.shared.buffer.clock());
-        let text = format!(
-            "[{:>5}.{:06}] {location}: error: {message}\n  Command: {command}\n{}^\n",
-            ts / 1_000_000_000,
-            (ts % 1_000_000_000) / 1000,
-            " ".repeat(pos + "  Command: ".len())
-        );
-        let mut log = self.error_log.lock().unwrap_or_else(|e| e.into_inner());
-        if log.len() == ERROR_LOG_MAX {
-            log.pop_front();
-        }
-        log.push_back(LoggedError { text });
+        const PREFIX: &str = "  Command: ";
+        self.log_error_text(&format!(
+            "{location}: error: {message}\n{PREFIX}{command}\n{}^\n",
+            " ".repeat(pos + PREFIX.len())
+        ));
     }
 
     /// What `events/SYS/filter` shows after the header (`None`: `none`).

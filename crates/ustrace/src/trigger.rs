@@ -309,10 +309,7 @@ fn record_stack(file: &EventFile) {
         return;
     };
     let record: &mut [u8] = &mut slot;
-    record[0..2].copy_from_slice(&STACK_ID.0.to_ne_bytes());
-    record[2] = 0;
-    record[3] = 0;
-    record[4..8].copy_from_slice(&pid.to_ne_bytes());
+    crate::event::field::write_common_header(record, STACK_ID.0, pid);
     record[8..12].copy_from_slice(&(n as i32).to_ne_bytes());
     record[12..16].fill(0);
     for (i, addr) in frames[..n].iter().enumerate() {

@@ -7,14 +7,15 @@
 //! is ustrace-filter's (`tests/corpus/*.txt`), plus generated cases (`USTRACE_DIFF_CASES`).
 //! Known, explained differences are listed in `explained_difference`.
 
-#[path = "../../ustrace-filter/tests/common/mod.rs"]
 mod common;
+#[path = "../../ustrace-filter/tests/common/mod.rs"]
+mod filter_common;
 
 use std::path::{Path, PathBuf};
 
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
-use ustrace::{Errno, FileSystem, OpenFlags};
+use ustrace::{Errno, FileSystem};
 
 ustrace::trace_event! {
     pub fn raw_syscalls::sys_enter(id: isize, args: [usize; 6]) {
@@ -149,22 +150,10 @@ impl Ours {
         format!("instances/{}/events/raw_syscalls/sys_enter/{p}", self.0)
     }
     fn write(&self, p: &str, text: &str) -> Result<(), Errno> {
-        let mut f = ustrace::tracefs().open(&self.path(p), OpenFlags::TRUNCATE)?;
-        f.write(text.as_bytes()).map(|_| ())
+        common::write(&self.path(p), text)
     }
     fn read(&self, p: &str) -> String {
-        let mut f = ustrace::tracefs()
-            .open(&self.path(p), OpenFlags::READ)
-            .unwrap();
-        let mut out = Vec::new();
-        let mut buf = [0u8; 8192];
-        loop {
-            let n = f.read(&mut buf, None).unwrap();
-            if n == 0 {
-                return String::from_utf8_lossy(&out).into_owned();
-            }
-            out.extend_from_slice(&buf[..n]);
-        }
+        common::read(&self.path(p)).unwrap()
     }
     fn clear_triggers(&self) {
         for line in self.read("trigger").lines().filter(|l| !l.starts_with('#')) {
@@ -188,7 +177,7 @@ fn corpus(name: &str) -> Vec<String> {
         .unwrap_or_else(|e| panic!("reading {path}: {e}"))
         .lines()
         .filter(|l| !l.starts_with("## "))
-        .map(common::unescape)
+        .map(filter_common::unescape)
         .collect()
 }
 
@@ -254,7 +243,7 @@ fn filters_and_triggers_agree_with_the_kernel_through_tracefs() {
     let mut failures = Vec::new();
 
     let mut filters = corpus("filters.txt");
-    filters.extend(generated(common::maybe_broken_expression()));
+    filters.extend(generated(filter_common::maybe_broken_expression()));
     for text in &filters {
         total += 1;
         let k = kernel.write("filter", text);
@@ -274,7 +263,7 @@ fn filters_and_triggers_agree_with_the_kernel_through_tracefs() {
     }
 
     let mut triggers = corpus("triggers.txt");
-    triggers.extend(generated(common::trigger_text()));
+    triggers.extend(generated(filter_common::trigger_text()));
     for text in &triggers {
         total += 1;
         let k = kernel.write("trigger", text);

@@ -313,6 +313,16 @@ impl Layout {
     }
 }
 
+/// Writes the common header: the event id (`common_type`), zero flags and preempt count
+/// (user space has neither), and the thread id (`common_pid`).
+#[inline(always)]
+pub fn write_common_header(record: &mut [u8], id: u16, pid: i32) {
+    record[0..2].copy_from_slice(&id.to_ne_bytes());
+    record[2] = 0;
+    record[3] = 0;
+    record[4..8].copy_from_slice(&pid.to_ne_bytes());
+}
+
 /// The four fields every record starts with.
 pub fn common_fields() -> Vec<FieldDesc> {
     let f = |name: &'static str, c_type: &'static str, offset, size, signed| FieldDesc {

@@ -22,6 +22,21 @@ use crate::event::field::read_int;
 use crate::event::registry::{registry, EventId, MARKER_ID, STACK_ID};
 use crate::trace::Instance;
 
+/// A nanosecond timestamp as the kernel prints it: `SECS.USECS`, seconds right-aligned
+/// in five columns.
+pub struct Seconds(pub u64);
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:>5}.{:06}",
+            self.0 / 1_000_000_000,
+            (self.0 % 1_000_000_000) / 1000
+        )
+    }
+}
+
 /// Symbolizes addresses for `%pS`/`%ps` with the process's symbol table.
 pub struct ProcessSymbols;
 
@@ -139,12 +154,7 @@ pub fn format_event(instance: &Instance, event: &RawEvent, out: &mut String) {
         if options.get("irq-info") {
             out.push_str(".....");
         }
-        let _ = write!(
-            out,
-            " {:>5}.{:06}: ",
-            event.ts / 1_000_000_000,
-            (event.ts % 1_000_000_000) / 1000
-        );
+        let _ = write!(out, " {}: ", Seconds(event.ts));
     }
     if id == STACK_ID {
         render_stack(instance, record, out);

@@ -729,14 +729,6 @@ fn buffer_size_text(buffer: &ustrace_ringbuf::RingBuffer) -> String {
     }
 }
 
-fn seconds(ns: u64) -> String {
-    format!(
-        "{:>5}.{:06}",
-        ns / 1_000_000_000,
-        (ns % 1_000_000_000) / 1000
-    )
-}
-
 fn cpu_stats(instance: &Instance, cpu: usize) -> String {
     let s = instance.buffer().stats(cpu);
     format!(
@@ -745,8 +737,8 @@ fn cpu_stats(instance: &Instance, cpu: usize) -> String {
         s.overrun,
         s.commit_overrun,
         s.bytes,
-        seconds(s.oldest_event_ts),
-        seconds(s.now_ts),
+        crate::output::Seconds(s.oldest_event_ts),
+        crate::output::Seconds(s.now_ts),
         s.dropped_events,
         s.read_events
     )
