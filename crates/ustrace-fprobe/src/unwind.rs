@@ -44,27 +44,38 @@ static STATUS: Mutex<Option<HookStatus>> = Mutex::new(None);
 /// Installs the hooks once (idempotent). Called before registering any fprobe with an exit
 /// handler, outside the registry lock.
 pub(crate) fn ensure_hooks() {
-    let mut st = STATUS.lock().unwrap_or_else(|e| e.into_inner());
+    hook_once(&STATUS, &UNWIND_ENTRY_POINTS, || {
+        FprobeBuilder::new()
+            .internal()
+            .entry_handler(|_, _, _, _, _| {
+                dispatch::detach_thread_frames();
+                EntryAction::Continue
+            })
+    });
+}
+
+/// Probes every definition of `names` once with an internal fprobe that `build` makes; the
+/// fprobes live as long as the process, and `status` records one row per definition with the
+/// error when it could not be hooked.
+fn hook_once(
+    status: &Mutex<Option<HookStatus>>,
+    names: &[&str],
+    build: impl Fn() -> FprobeBuilder,
+) {
+    let mut st = status.lock().unwrap_or_else(|e| e.into_inner());
     if st.is_some() {
         return;
     }
     let inv = ustrace_inspect::symbols::inventory();
-    let mut status = Vec::new();
-    for name in UNWIND_ENTRY_POINTS {
+    let mut rows = Vec::new();
+    for name in names {
         for s in find_versioned(&inv, name) {
             let target = Target {
                 addr: s.addr,
                 size: Some(s.size).filter(|&n| n > 0),
                 name: s.name.clone(),
             };
-            let res = FprobeBuilder::new()
-                .internal()
-                .entry_handler(|_, _, _, _, _| {
-                    dispatch::detach_thread_frames();
-                    EntryAction::Continue
-                })
-                .register_internal(vec![target]);
-            let err = match res {
+            let err = match build().register_internal(vec![target]) {
                 Ok(fp) => {
                     // Lives as long as the process.
                     std::mem::forget(fp);
@@ -72,20 +83,24 @@ pub(crate) fn ensure_hooks() {
                 }
                 Err(e) => Some(e.to_string()),
             };
-            status.push((s.name.clone(), s.object_name().to_string(), err));
+            rows.push((s.name.clone(), s.object_name().to_string(), err));
         }
     }
-    *st = Some(status);
+    *st = Some(rows);
+}
+
+fn rows(status: &Mutex<Option<HookStatus>>) -> HookStatus {
+    status
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_default()
 }
 
 /// What [`ensure_hooks`] did: one row per unwinder entry point found in the process, with the
 /// error when it could not be hooked (a panic through a probed frame then aborts the process).
 pub fn unwind_hook_status() -> Vec<(String, String, Option<String>)> {
-    STATUS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
-        .unwrap_or_default()
+    rows(&STATUS)
 }
 
 static DLOPEN_STATUS: Mutex<Option<HookStatus>> = Mutex::new(None);
@@ -96,42 +111,15 @@ pub const DLOPEN_ENTRY_POINTS: [&str; 2] = ["dlopen", "dlmopen"];
 /// Probes `dlopen`/`dlmopen` with an internal exit handler that asks for
 /// [`crate::rescan_filters`] once the call returned (see `dispatch::on_exit`). Idempotent.
 pub(crate) fn ensure_dlopen_hook() {
-    let mut st = DLOPEN_STATUS.lock().unwrap_or_else(|e| e.into_inner());
-    if st.is_some() {
-        return;
-    }
-    let inv = ustrace_inspect::symbols::inventory();
-    let mut status = Vec::new();
-    for name in DLOPEN_ENTRY_POINTS {
-        for s in find_versioned(&inv, name) {
-            let target = Target {
-                addr: s.addr,
-                size: Some(s.size).filter(|&n| n > 0),
-                name: s.name.clone(),
-            };
-            let res = FprobeBuilder::new()
-                .internal_with_exit()
-                .exit_handler(|_, _, _, _, _| dispatch::request_rescan())
-                .register_internal(vec![target]);
-            let err = match res {
-                Ok(fp) => {
-                    std::mem::forget(fp);
-                    None
-                }
-                Err(e) => Some(e.to_string()),
-            };
-            status.push((s.name.clone(), s.object_name().to_string(), err));
-        }
-    }
-    *st = Some(status);
+    hook_once(&DLOPEN_STATUS, &DLOPEN_ENTRY_POINTS, || {
+        FprobeBuilder::new()
+            .internal_with_exit()
+            .exit_handler(|_, _, _, _, _| dispatch::request_rescan())
+    });
 }
 
 /// What [`ensure_dlopen_hook`] did, one row per `dlopen`/`dlmopen` definition found. When no
 /// row is hooked, call [`crate::rescan_filters`] (or [`crate::Fprobe::rescan`]) after loading.
 pub fn dlopen_hook_status() -> Vec<(String, String, Option<String>)> {
-    DLOPEN_STATUS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
-        .unwrap_or_default()
+    rows(&DLOPEN_STATUS)
 }
