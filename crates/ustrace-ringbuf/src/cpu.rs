@@ -18,24 +18,28 @@
 //! stale by the time it is used — the thread can migrate — which the ring
 //! buffer tolerates: per-CPU buffers accept writers from any CPU.
 
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::sync::Once;
 
 /// Offset of the rseq area from the thread pointer; `NO_RSEQ` when unusable.
 static RSEQ_OFFSET: AtomicIsize = AtomicIsize::new(NO_RSEQ);
+/// Whether glibc's registered area reaches the `rseq_cs` field (offset 8),
+/// so the ring buffer may run restartable sequences in it.
+static RSEQ_CS_USABLE: AtomicBool = AtomicBool::new(false);
 const NO_RSEQ: isize = isize::MIN;
 static INIT: Once = Once::new();
 
 /// Resolves glibc's rseq registration once (not async-signal-safe the first time).
 pub fn init() {
     INIT.call_once(|| {
-        if let Some(off) = rseq_offset() {
+        if let Some((off, size)) = rseq_offset() {
             RSEQ_OFFSET.store(off, Ordering::Relaxed);
+            RSEQ_CS_USABLE.store(size >= 16, Ordering::Relaxed);
         }
     });
 }
 
-fn rseq_offset() -> Option<isize> {
+fn rseq_offset() -> Option<(isize, u32)> {
     if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
         return None;
     }
@@ -57,7 +61,7 @@ fn rseq_offset() -> Option<isize> {
     }
     // Registration is per thread; check this one actually has a cpu.
     let cpu = read_rseq_cpu(off);
-    (cpu >= 0).then_some(off)
+    (cpu >= 0).then_some((off, size))
 }
 
 #[inline]
@@ -88,6 +92,24 @@ fn read_rseq_cpu(off: isize) -> i32 {
     // for every thread (size checked >= 8); cpu_id is the u32 at offset 4,
     // updated by the kernel, hence the volatile read.
     unsafe { core::ptr::read_volatile((area + 4) as *const i32) }
+}
+
+/// The calling thread's rseq area and the CPU it says the thread is on,
+/// when glibc registered one for this thread that covers `rseq_cs` (the
+/// ring buffer's restartable sequences need it); `None` otherwise.
+#[inline]
+pub(crate) fn rseq_here() -> Option<(*mut u8, u32)> {
+    if !RSEQ_CS_USABLE.load(Ordering::Relaxed) {
+        return None;
+    }
+    let off = RSEQ_OFFSET.load(Ordering::Relaxed);
+    let cpu = read_rseq_cpu(off);
+    (cpu >= 0).then(|| {
+        (
+            thread_pointer().wrapping_add_signed(off) as *mut u8,
+            cpu as u32,
+        )
+    })
 }
 
 /// The CPU the calling thread is running on (as of the last return to user space).

@@ -3,11 +3,14 @@
 //!
 //! ```text
 //!   writer thread (any CPU, any number, nested in signal handlers)
-//!        | reserve(len)   cpu::current_cpu() -> CPU slot -> its region
-//!        |                one 16-byte CAS on {pos, last_ts}   (region.rs)
+//!        | reserve(len)   CPU from the rseq area -> CPU slot -> its region
+//!        |                {pos, last_ts} updated by a restartable sequence:
+//!        |                plain 16-byte store, no locked instruction (rseq.rs,
+//!        |                region.rs); foreign writers fence and CAS instead
 //!        | fill payload
-//!        | commit()       one CAS on the page's word; a relaxed load of the
-//!        v                waiter flag (a futex wake only if someone waits)
+//!        | commit()       add to the page's local commit word (rseq) or, if
+//!        |                the thread moved, its remote word (lock xadd); a
+//!        v                relaxed load of the waiter flag (a futex wake only if someone waits)
 //!   /dev/shm/ustrace-<name>-<pid>-<n>-c<cpu>-r<k>: kernel-format pages (page.rs)
 //!        ^
 //!        | consume / consume_any   trace_pipe (consuming, per CPU or merged)
@@ -23,7 +26,8 @@
 //!
 //! Modules: [`clock`] (trace clocks), [`cpu`] (current CPU through rseq),
 //! [`page`] (the page format, encoder and decoder), [`shm`] (files and the
-//! external reader); `region` holds the lock-free ring protocol itself.
+//! external reader); `region` holds the lock-free ring protocol itself and
+//! `rseq` the restartable sequences its owner writers run.
 
 #![deny(missing_docs)]
 
@@ -31,10 +35,11 @@ pub mod clock;
 pub mod cpu;
 pub mod page;
 mod region;
+mod rseq;
 pub mod shm;
 
 use clock::Clock;
-use region::{RawReservation, Region, RegionCursor, RegionStats, ReserveError, Step};
+use region::{RawReservation, Region, RegionCursor, RegionStats, ReserveError, Step, Writer};
 use std::io;
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
@@ -164,8 +169,12 @@ struct CpuSlot {
 #[derive(Default)]
 struct ReaderCpu {
     regions: Vec<(Arc<Region>, RegionCursor)>,
-    /// Counters of regions already drained and retired.
+    /// Counters of regions already drained and retired, except their
+    /// refusals (dropped, commit overrun), which are read from `retired`:
+    /// a writer that picked a region just before it was closed may still
+    /// count a refusal on it after it was retired.
     carried: RegionStats,
+    retired: Vec<Arc<Region>>,
 }
 
 struct Control {
@@ -215,6 +224,7 @@ impl RingBuffer {
         }
         clock::init();
         cpu::init();
+        rseq::init();
         let dir = shm::shm_dir();
         let base = format!(
             "ustrace-{}-{}-{}",
@@ -256,6 +266,7 @@ impl RingBuffer {
             control.cpus.push(ReaderCpu {
                 regions: vec![(r, cursor)],
                 carried: RegionStats::default(),
+                retired: Vec::new(),
             });
         }
         let rb = RingBuffer {
@@ -294,27 +305,42 @@ impl RingBuffer {
     /// Reserves `len` payload bytes on the current CPU's buffer. `None` when
     /// recording is off, `len` exceeds [`MAX_PAYLOAD`], or the event was
     /// dropped (full in producer/consumer mode, or a page still being written).
-    #[inline]
+    #[inline(always)]
     pub fn reserve(&self, len: usize) -> Option<Reservation<'_>> {
         let hdr = self.root.header();
         if hdr.recording.load(Ordering::Relaxed) == 0 || len > MAX_PAYLOAD {
             return None;
         }
-        let cpu = cpu::current_cpu();
-        let slot = &self.slots[if cpu < self.nr_cpus {
-            cpu
-        } else {
-            cpu % self.nr_cpus
-        }];
+        let (cpu, writer) = self.writer_here();
+        // SAFETY: every pointer stored in a slot comes from an Arc kept in
+        // `Control::keep` until the buffer is dropped, and `&self` outlives
+        // the reservation.
+        let region = unsafe { &*self.slots[cpu].current.load(Ordering::Acquire) };
+        let clock = Clock::from_u32(self.clock.load(Ordering::Relaxed));
+        match region.reserve_fast(len, clock, writer) {
+            Some(raw) => Some(Reservation {
+                buf: self,
+                region,
+                raw,
+            }),
+            None => self.reserve_slow(len),
+        }
+    }
+
+    /// Every case `Region::reserve_fast` leaves: page changes, retries,
+    /// migrations, closed regions and refusals.
+    #[inline(never)]
+    fn reserve_slow(&self, len: usize) -> Option<Reservation<'_>> {
+        let hdr = self.root.header();
         let clock = Clock::from_u32(self.clock.load(Ordering::Relaxed));
         let overwrite = hdr.overwrite.load(Ordering::Relaxed) != 0;
         loop {
+            let (cpu, writer) = self.writer_here();
+            let slot = &self.slots[cpu];
             let ptr = slot.current.load(Ordering::Acquire);
-            // SAFETY: every pointer stored in a slot comes from an Arc kept in
-            // `Control::keep` until the buffer is dropped, and `&self` outlives
-            // the reservation.
+            // SAFETY: as in `reserve`.
             let region = unsafe { &*ptr };
-            match region.reserve(len, clock, overwrite) {
+            match region.reserve(len, clock, overwrite, writer) {
                 Ok(raw) => {
                     if raw.entered_page() && hdr.wake_armed.load(Ordering::Relaxed) == WAKE_ON_PAGE
                     {
@@ -324,7 +350,6 @@ impl RingBuffer {
                         buf: self,
                         region,
                         raw,
-                        done: false,
                     });
                 }
                 Err(ReserveError::Closed) => {
@@ -335,9 +360,35 @@ impl RingBuffer {
                         return None;
                     }
                 }
+                Err(ReserveError::Migrated) => {}
                 Err(ReserveError::Dropped | ReserveError::CommitOverrun) => return None,
             }
         }
+    }
+
+    /// The CPU buffer the calling thread writes to, and how: as the owner
+    /// (restartable sequences, no locked instructions) when the thread has
+    /// an rseq area and its CPU has a buffer of its own; as a foreign
+    /// writer otherwise.
+    #[inline(always)]
+    fn writer_here(&self) -> (usize, Writer) {
+        if rseq::enabled() {
+            if let Some((area, cpu)) = cpu::rseq_here() {
+                if (cpu as usize) < self.nr_cpus {
+                    return (cpu as usize, Writer::Owner { area, cpu });
+                }
+                return (cpu as usize % self.nr_cpus, Writer::Foreign);
+            }
+        }
+        let cpu = cpu::current_cpu();
+        (
+            if cpu < self.nr_cpus {
+                cpu
+            } else {
+                cpu % self.nr_cpus
+            },
+            Writer::Foreign,
+        )
     }
 
     /// Records `data` as one event (reserve, copy, commit).
@@ -367,6 +418,13 @@ impl RingBuffer {
             hdr.wake_seq.fetch_add(1, Ordering::SeqCst);
             shm::futex_wake(&hdr.wake_seq);
         }
+    }
+
+    /// Whether writers on a buffer's own CPU use restartable sequences
+    /// (plain stores, no locked instructions) rather than the locked
+    /// protocol: decided once per process, when the first buffer is made.
+    pub fn uses_restartable_sequences() -> bool {
+        rseq::enabled()
     }
 
     /// Turns recording on or off (`tracing_on`).
@@ -432,6 +490,7 @@ impl RingBuffer {
         ctl.cpus[cpu] = ReaderCpu {
             regions: vec![(region, cursor)],
             carried: RegionStats::default(),
+            retired: Vec::new(),
         };
         self.publish_names(&ctl, cpu);
     }
@@ -506,11 +565,10 @@ impl RingBuffer {
             let s = r.stats();
             rc.carried.committed += s.committed;
             rc.carried.overrun += s.overrun;
-            rc.carried.dropped += s.dropped;
-            rc.carried.commit_overrun += s.commit_overrun;
             rc.carried.read += s.read;
             r.mapping().unlink();
-            rc.regions.remove(0);
+            let (r, _) = rc.regions.remove(0);
+            rc.retired.push(r);
         }
     }
 
@@ -579,6 +637,11 @@ impl RingBuffer {
             return CpuStats::default();
         };
         let mut t = rc.carried;
+        for r in &rc.retired {
+            let s = r.stats();
+            t.dropped += s.dropped;
+            t.commit_overrun += s.commit_overrun;
+        }
         let mut bytes = 0;
         let mut oldest = None;
         for (r, _) in &rc.regions {
@@ -895,30 +958,28 @@ pub struct Reservation<'a> {
     buf: &'a RingBuffer,
     region: &'a Region,
     raw: RawReservation,
-    done: bool,
 }
 
 impl Reservation<'_> {
     /// Publishes the event.
-    #[inline]
-    pub fn commit(mut self) {
-        self.done = true;
-        self.region.commit(&self.raw);
-        self.buf.after_commit();
+    #[inline(always)]
+    pub fn commit(self) {
+        // Consumed without running Drop (which discards).
+        let this = std::mem::ManuallyDrop::new(self);
+        this.region.commit(&this.raw);
+        this.buf.after_commit();
     }
 
     /// Withdraws the event: readers never see it and it counts as nothing.
-    pub fn discard(mut self) {
-        self.done = true;
-        self.region.discard(&self.raw);
+    pub fn discard(self) {
+        // Drop discards.
+        drop(self);
     }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        if !self.done {
-            self.region.discard(&self.raw);
-        }
+        self.region.discard(&self.raw);
     }
 }
 
@@ -928,7 +989,7 @@ impl Deref for Reservation<'_> {
     fn deref(&self) -> &[u8] {
         // SAFETY: `payload..payload+len` is inside the slot this reservation
         // owns until commit/discard.
-        unsafe { std::slice::from_raw_parts(self.raw.payload, self.raw.len) }
+        unsafe { std::slice::from_raw_parts(self.raw.payload, self.raw.len()) }
     }
 }
 
@@ -936,7 +997,7 @@ impl DerefMut for Reservation<'_> {
     #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in `deref`; `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.raw.payload, self.raw.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.raw.payload, self.raw.len()) }
     }
 }
 

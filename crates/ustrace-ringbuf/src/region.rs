@@ -58,7 +58,9 @@ use crate::clock::{self, Clock};
 use crate::page::{
     self, event_size, payload_offset, write_data_header, write_end_padding, write_time_extend,
     PageDecoder, RecordKind, DATA_SIZE, PAGE_HEADER_SIZE, PAGE_SIZE, TIME_EXTEND_SIZE, TS_MASK,
+    TS_SHIFT,
 };
+use crate::rseq;
 use crate::shm::{Mapping, LAYOUT_VERSION, REGION_MAGIC};
 use std::io;
 use std::path::Path;
@@ -79,6 +81,7 @@ pub(crate) const OFF_WORDS: usize = 24;
 pub(crate) const OFF_PAGES: usize = 32;
 pub(crate) const OFF_GENERATION: usize = 40;
 pub(crate) const OFF_STATE: usize = 64;
+pub(crate) const OFF_FOREIGN: usize = 80;
 pub(crate) const OFF_READ: usize = 128;
 pub(crate) const OFF_LOST_REPORTED: usize = 136;
 pub(crate) const OFF_OVERRUN: usize = 192;
@@ -88,10 +91,22 @@ pub(crate) const OFF_RETIRED: usize = 216;
 pub(crate) const OFF_READ_EVENTS: usize = 224;
 pub(crate) const WORDS_START: usize = 256;
 
+/// Bytes per page slot in the word array: a `local` and a `remote` word.
+const WORD_STRIDE: usize = 16;
 const WORD_BYTES_BITS: u32 = 12;
 const WORD_ENTRIES_BITS: u32 = 12;
 const WORD_TAG_SHIFT: u32 = WORD_BYTES_BITS + WORD_ENTRIES_BITS;
 const READ_NREAD_BITS: u32 = 12;
+
+#[inline]
+fn combine_words(local: u64, remote: u64) -> u64 {
+    let (lt, rt) = (word_tag(local), word_tag(remote));
+    if lt == rt {
+        local + (remote & ((1 << WORD_TAG_SHIFT) - 1))
+    } else {
+        lt.max(rt) << WORD_TAG_SHIFT
+    }
+}
 
 #[inline]
 fn word_tag(w: u64) -> u64 {
@@ -123,27 +138,85 @@ pub(crate) enum ReserveError {
     Dropped,
     /// The page to reuse still has writes in flight (counted as commit overrun).
     CommitOverrun,
+    /// The thread is no longer on the CPU it named; pick the buffer again.
+    Migrated,
+}
+
+/// Who is writing, which decides the instructions the protocol may use.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Writer {
+    /// A thread on the region's own CPU, with its rseq area: plain stores
+    /// inside restartable sequences (see `rseq.rs`).
+    Owner {
+        /// The thread's registered rseq area.
+        area: *mut u8,
+        /// The region's CPU, which the sequences check the thread is on.
+        cpu: u32,
+    },
+    /// Anybody else: locked instructions, fenced from owners when they use
+    /// restartable sequences.
+    Foreign,
+}
+
+/// What became of one attempt to store a new reservation state.
+enum StateStore {
+    Done,
+    Retry,
+    Migrated,
 }
 
 /// A reserved slot, between `reserve` and `commit`/`discard`.
 #[derive(Debug, Clone, Copy)]
+///
+/// Two words, so that it travels in registers through the inlined write
+/// path: the payload pointer and `slot:32 | total:12 | len:12 | extend:1 |
+/// entered:1`. Everything else a discard needs is in the slot itself.
 pub(crate) struct RawReservation {
-    seq: u64,
-    data_off: usize,
-    total: usize,
-    delta: u64,
     pub(crate) payload: *mut u8,
-    pub(crate) len: usize,
-    cap: usize,
-    entered: bool,
-    extend: bool,
+    meta: u64,
 }
 
 impl RawReservation {
+    #[inline(always)]
+    fn new(
+        payload: *mut u8,
+        slot: usize,
+        total: usize,
+        len: usize,
+        extend: bool,
+        entered: bool,
+    ) -> Self {
+        RawReservation {
+            payload,
+            meta: slot as u64
+                | (total as u64) << 32
+                | (len as u64) << 44
+                | (extend as u64) << 56
+                | (entered as u64) << 57,
+        }
+    }
+    #[inline(always)]
+    fn slot(&self) -> usize {
+        self.meta as u32 as usize
+    }
+    /// Bytes reserved: event, plus its time extend if it has one.
+    #[inline(always)]
+    fn total(&self) -> usize {
+        (self.meta >> 32) as usize & 0xfff
+    }
+    /// Payload bytes the writer asked for.
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        (self.meta >> 44) as usize & 0xfff
+    }
+    #[inline(always)]
+    fn extend(&self) -> bool {
+        self.meta >> 56 & 1 != 0
+    }
     /// Whether this reservation started a new page.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn entered_page(&self) -> bool {
-        self.entered
+        self.meta >> 57 & 1 != 0
     }
 }
 
@@ -200,6 +273,33 @@ pub(crate) struct Region {
     nr_pages: usize,
     words_off: usize,
     pages_off: usize,
+    /// The CPU whose restartable sequences own the local commit words.
+    cpu: u32,
+    /// `seq << 24 | slot` of the page writers are in, so the fast path
+    /// need not divide by `nr_pages` (0 = none yet).
+    page_hint: AtomicU64,
+}
+
+/// Holds a region's `foreign` count up while a non-owner touches its state.
+struct ForeignGuard<'a>(Option<&'a AtomicU64>);
+
+impl Drop for ForeignGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0 {
+            f.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[cold]
+fn warn_unfenced() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        eprintln!(
+            "ustrace-ringbuf: membarrier(PRIVATE_EXPEDITED_RSEQ) failed; \
+             a foreign write may race an owner's sequence already in flight"
+        )
+    });
 }
 
 /// Double-width CAS on `[pos, last_ts]`. Returns the value found on failure.
@@ -303,7 +403,7 @@ impl Region {
     }
 
     fn pages_offset(nr_pages: usize) -> usize {
-        crate::shm::round_up(WORDS_START + nr_pages * 8, PAGE_SIZE)
+        crate::shm::round_up(WORDS_START + nr_pages * WORD_STRIDE, PAGE_SIZE)
     }
 
     /// Creates a zeroed region file for `cpu` with `nr_pages` pages.
@@ -315,6 +415,8 @@ impl Region {
             nr_pages,
             words_off: WORDS_START,
             pages_off,
+            cpu: cpu as u32,
+            page_hint: AtomicU64::new(0),
         };
         // SAFETY: fresh, zeroed file of file_size bytes, exclusively ours; the
         // header fields are inside its first 256 bytes.
@@ -348,14 +450,17 @@ impl Region {
             nr_pages: 0,
             words_off: 0,
             pages_off: 0,
+            cpu: 0,
+            page_hint: AtomicU64::new(0),
         };
         let magic = r.atomic(OFF_MAGIC).load(Ordering::Acquire);
         // SAFETY: header fields are inside the first 256 bytes (checked above);
         // they are written once before the magic is published.
-        let (version, nr_pages, page_size, words, pages) = unsafe {
+        let (version, cpu, nr_pages, page_size, words, pages) = unsafe {
             let b = r.map.ptr();
             (
                 b.add(OFF_VERSION).cast::<u32>().read(),
+                b.add(OFF_CPU).cast::<u32>().read(),
                 b.add(OFF_NR_PAGES).cast::<u32>().read() as usize,
                 b.add(OFF_PAGE_SIZE).cast::<u32>().read() as usize,
                 b.add(OFF_WORDS).cast::<u64>().read() as usize,
@@ -368,7 +473,7 @@ impl Region {
             )));
         }
         if nr_pages < 2
-            || words + nr_pages * 8 > pages
+            || words + nr_pages * WORD_STRIDE > pages
             || pages + nr_pages * PAGE_SIZE > r.map.len()
         {
             return Err(bad(format!("{nr_pages} pages do not fit the file")));
@@ -379,6 +484,8 @@ impl Region {
             nr_pages,
             words_off: words,
             pages_off: pages,
+            cpu,
+            page_hint: AtomicU64::new(0),
         })
     }
 
@@ -401,19 +508,67 @@ impl Region {
         unsafe { AtomicU64::from_ptr(self.map.ptr().add(off).cast()) }
     }
 
+    #[inline(always)]
+    fn slot_of(&self, seq: u64) -> usize {
+        (seq % self.nr_pages as u64) as usize
+    }
+
+    /// `slot_of(seq)` for the page writers are in, mostly without a division.
+    #[inline(always)]
+    fn slot_of_current(&self, seq: u64) -> usize {
+        const SEQ_BITS: u64 = (1 << 40) - 1;
+        let h = self.page_hint.load(Ordering::Relaxed);
+        if h != 0 && h >> 24 == seq & SEQ_BITS {
+            return (h & 0xff_ffff) as usize;
+        }
+        let slot = self.slot_of(seq);
+        if slot < 1 << 24 {
+            self.page_hint
+                .store((seq & SEQ_BITS) << 24 | slot as u64, Ordering::Relaxed);
+        }
+        slot
+    }
+
+    /// The word only owner sequences add to (plain stores, see `rseq.rs`).
+    #[inline(always)]
+    fn local_word_at(&self, slot: usize) -> &AtomicU64 {
+        self.atomic(self.words_off + slot * WORD_STRIDE)
+    }
+
+    /// The word everybody else adds to (locked).
+    #[inline(always)]
+    fn remote_word_at(&self, slot: usize) -> &AtomicU64 {
+        self.atomic(self.words_off + slot * WORD_STRIDE + 8)
+    }
+
+    fn local_word(&self, seq: u64) -> &AtomicU64 {
+        self.local_word_at(self.slot_of(seq))
+    }
+
+    fn remote_word(&self, seq: u64) -> &AtomicU64 {
+        self.remote_word_at(self.slot_of(seq))
+    }
+
+    /// The page's commit state: both words summed when they are of one lap;
+    /// while a writer is moving the slot to a new lap (one word moved, the
+    /// other not yet), the newer lap with nothing committed.
     #[inline]
-    fn word(&self, seq: u64) -> &AtomicU64 {
-        self.atomic(self.words_off + (seq % self.nr_pages as u64) as usize * 8)
+    fn load_word(&self, seq: u64) -> u64 {
+        let l = self.local_word(seq).load(Ordering::SeqCst);
+        let r = self.remote_word(seq).load(Ordering::SeqCst);
+        combine_words(l, r)
     }
 
     #[inline]
     fn page_ptr(&self, seq: u64) -> *mut u8 {
+        self.page_ptr_at(self.slot_of(seq))
+    }
+
+    #[inline(always)]
+    fn page_ptr_at(&self, slot: usize) -> *mut u8 {
+        debug_assert!(slot < self.nr_pages);
         // SAFETY: slot index < nr_pages, so the page lies inside the mapping.
-        unsafe {
-            self.map
-                .ptr()
-                .add(self.pages_off + (seq % self.nr_pages as u64) as usize * PAGE_SIZE)
-        }
+        unsafe { self.map.ptr().add(self.pages_off + slot * PAGE_SIZE) }
     }
 
     #[inline]
@@ -440,18 +595,65 @@ impl Region {
     }
 
     /// Reserves room for an event of `len` payload bytes (at most
-    /// `page::MAX_PAYLOAD`). Lock-free: a failed CAS means another writer
-    /// made progress.
-    #[inline]
+    /// `page::MAX_PAYLOAD`). Lock-free: a failed attempt means another
+    /// writer made progress.
+    ///
+    /// The common case — the event fits in the current page with a delta
+    /// that fits its header — is `reserve_fast`: inline, one attempt, and
+    /// `None` sends the writer here (`reserve`) for everything else: page
+    /// ends, time extends, retries, refusals.
+    #[inline(always)]
+    pub(crate) fn reserve_fast(
+        &self,
+        len: usize,
+        clock: Clock,
+        writer: Writer,
+    ) -> Option<RawReservation> {
+        let size = event_size(len) as u64;
+        let cur = self.load_state();
+        let pos = cur[0];
+        let off = pos % D;
+        if pos & CLOSED == 0 && off != 0 && off + size <= D {
+            let ts = clock::now(clock).max(cur[1]);
+            let delta = ts - cur[1];
+            if delta <= TS_MASK {
+                if let StateStore::Done = self.store_state(writer, cur, [pos + size, ts]) {
+                    let page_slot = self.slot_of_current(pos / D);
+                    // SAFETY: [off, off + size) of the page is ours by the state
+                    // store; the page lies inside the mapping.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            self.page_ptr_at(page_slot)
+                                .add(PAGE_HEADER_SIZE + off as usize),
+                            size as usize,
+                        )
+                    };
+                    let p = write_data_header(bytes, size as usize, delta as u32);
+                    bytes[p + len..].fill(0);
+                    return Some(RawReservation::new(
+                        // SAFETY: inside the reserved slot.
+                        unsafe { bytes.as_mut_ptr().add(p) },
+                        page_slot,
+                        size as usize,
+                        len,
+                        false,
+                        false,
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// Reserves room for an event of `len` payload bytes, in any case.
     pub(crate) fn reserve(
         &self,
         len: usize,
         clock: Clock,
         overwrite: bool,
+        writer: Writer,
     ) -> Result<RawReservation, ReserveError> {
         let size = event_size(len) as u64;
-        let n = self.nr_pages as u64;
-        let state = self.map.ptr().wrapping_add(OFF_STATE).cast::<u64>();
         let mut cur = self.load_state();
         loop {
             if cur[0] & CLOSED != 0 {
@@ -479,31 +681,19 @@ impl Region {
                 }
             };
             let total = size + if extend { TIME_EXTEND_SIZE as u64 } else { 0 };
-            let mut victim_entries = None;
-            if let Some(e) = enter.filter(|&e| e >= n) {
-                let v = e - n;
-                let w = self.word(v).load(Ordering::SeqCst);
-                if word_tag(w) != v / n + 1 || word_bytes(w) != D {
-                    self.atomic(OFF_COMMIT_OVERRUN)
-                        .fetch_add(1, Ordering::Relaxed);
-                    return Err(ReserveError::CommitOverrun);
+            if let Some(e) = enter {
+                if !self.prepare_page(e, overwrite)? {
+                    cur = self.load_state();
+                    continue;
                 }
-                if overwrite {
-                    self.push_reader(v, word_entries(w));
-                } else if read_unpack(self.atomic(OFF_READ).load(Ordering::SeqCst)).0 < (v + 1) * D
-                {
-                    self.atomic(OFF_DROPPED).fetch_add(1, Ordering::Relaxed);
-                    return Err(ReserveError::Dropped);
-                }
-                victim_entries = Some(word_entries(w));
             }
-            // SAFETY: `state` is the 16-aligned reservation state inside our
-            // writable mapping (regions opened read-only never reserve).
-            match unsafe { cas128(state, cur, [start + total, ts]) } {
-                Ok(()) => {
-                    if let Some(ve) = victim_entries {
-                        self.atomic(OFF_RETIRED).fetch_add(ve, Ordering::Relaxed);
-                    }
+            match self.store_state(writer, cur, [start + total, ts]) {
+                StateStore::Retry => {
+                    cur = self.load_state();
+                    continue;
+                }
+                StateStore::Migrated => return Err(ReserveError::Migrated),
+                StateStore::Done => {
                     if let Some(p) = pad_from {
                         let (ps, po) = ((p / D), (p % D) as usize);
                         // SAFETY: bytes [po, 4080) of page ps's data were reserved by
@@ -515,7 +705,7 @@ impl Region {
                             )
                         };
                         write_end_padding(tail);
-                        self.commit_bytes(ps, (DATA_SIZE - po) as u64, 0);
+                        self.commit_bytes(self.slot_of(ps), (DATA_SIZE - po) as u64, 0);
                     }
                     let es = start / D;
                     let page = self.page_ptr(es);
@@ -540,23 +730,128 @@ impl Region {
                         hdr_delta = 0;
                     }
                     let p = write_data_header(&mut slot[at..], size as usize, hdr_delta as u32);
-                    let cap = size as usize - payload_offset(size as usize);
-                    return Ok(RawReservation {
-                        seq: es,
-                        data_off,
-                        total: total as usize,
-                        delta,
+                    slot[at + p + len..].fill(0);
+                    return Ok(RawReservation::new(
                         // SAFETY: inside the reserved slot.
-                        payload: unsafe { slot.as_mut_ptr().add(at + p) },
+                        unsafe { slot.as_mut_ptr().add(at + p) },
+                        self.slot_of(es),
+                        total as usize,
                         len,
-                        cap,
-                        entered: enter.is_some(),
                         extend,
-                    });
+                        enter.is_some(),
+                    ));
                 }
-                Err(actual) => cur = actual,
             }
         }
+    }
+
+    /// Makes page sequence `e`'s slot ready for its lap before a writer
+    /// enters it: the page it last held (`e - nr_pages`) must be complete
+    /// (else commit overrun), read in producer/consumer mode (else dropped),
+    /// and in overwrite mode the consuming reader is moved past it. Then
+    /// both commit words are moved to `e`'s lap with nothing committed, so
+    /// that commits are plain additions. Every writer about to enter `e`
+    /// runs this; the word moves are compare-and-swaps from the old lap's
+    /// exact value, so only the first one takes effect and the entries it
+    /// retires are counted once. No commit can race with a move: the old
+    /// lap is complete, and the new lap's first reservation comes after.
+    ///
+    /// `Ok(false)`: the slot is already past `e`'s lap, so the writer's view
+    /// of the state is stale; it should look again.
+    fn prepare_page(&self, e: u64, overwrite: bool) -> Result<bool, ReserveError> {
+        let n = self.nr_pages as u64;
+        let tag = e / n + 1;
+        let fresh = tag << WORD_TAG_SHIFT;
+        let (lw, rw) = (self.local_word(e), self.remote_word(e));
+        let l = lw.load(Ordering::SeqCst);
+        let r = rw.load(Ordering::SeqCst);
+        if word_tag(l) > tag || self.is_closed() {
+            return Ok(false);
+        }
+        if word_tag(l) == tag {
+            // Another writer moved the local word; finish its move if needed.
+            if word_tag(r) < tag {
+                let _ = rw.compare_exchange(r, fresh, Ordering::SeqCst, Ordering::SeqCst);
+            }
+            return Ok(true);
+        }
+        let w = combine_words(l, r);
+        if e >= n {
+            let v = e - n;
+            if word_tag(w) != v / n + 1 || word_bytes(w) != D {
+                self.atomic(OFF_COMMIT_OVERRUN)
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(ReserveError::CommitOverrun);
+            }
+            if overwrite {
+                self.push_reader(v, word_entries(w));
+            } else if read_unpack(self.atomic(OFF_READ).load(Ordering::SeqCst)).0 < (v + 1) * D {
+                self.atomic(OFF_DROPPED).fetch_add(1, Ordering::Relaxed);
+                return Err(ReserveError::Dropped);
+            }
+        }
+        if lw
+            .compare_exchange(l, fresh, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+            && e >= n
+        {
+            self.atomic(OFF_RETIRED)
+                .fetch_add(word_entries(w), Ordering::Relaxed);
+        }
+        let _ = rw.compare_exchange(r, fresh, Ordering::SeqCst, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    /// One attempt to move the reservation state from `cur` to `new`.
+    #[inline(always)]
+    fn store_state(&self, writer: Writer, cur: [u64; 2], new: [u64; 2]) -> StateStore {
+        let state = self.map.ptr().wrapping_add(OFF_STATE).cast::<u64>();
+        match writer {
+            Writer::Owner { area, cpu } => {
+                let foreign = self.atomic(OFF_FOREIGN).as_ptr();
+                // SAFETY: `area` is the calling thread's rseq area (Writer::Owner
+                // is only built from `cpu::rseq_here`); `state` is the 16-aligned
+                // state of our writable mapping and `foreign` a word in it.
+                match unsafe { rseq::store_state_if(area, cpu, state, foreign, cur, new) } {
+                    rseq::Outcome::Done => StateStore::Done,
+                    rseq::Outcome::Changed | rseq::Outcome::Aborted => StateStore::Retry,
+                    rseq::Outcome::WrongCpu => StateStore::Migrated,
+                    rseq::Outcome::Foreign => self.store_state_locked(cur, new),
+                }
+            }
+            Writer::Foreign => self.store_state_locked(cur, new),
+        }
+    }
+
+    /// The locked state update, fenced from owner sequences when they exist.
+    #[cold]
+    #[inline(never)]
+    fn store_state_locked(&self, cur: [u64; 2], new: [u64; 2]) -> StateStore {
+        let state = self.map.ptr().wrapping_add(OFF_STATE).cast::<u64>();
+        let _fence = self.fence_owners();
+        // SAFETY: `state` is the 16-aligned reservation state inside our
+        // writable mapping (regions opened read-only never reserve).
+        match unsafe { cas128(state, cur, new) } {
+            Ok(()) => StateStore::Done,
+            Err(_) => StateStore::Retry,
+        }
+    }
+
+    /// Keeps owner sequences off the reservation state until the guard drops
+    /// (nothing to do when owners use locked instructions too).
+    fn fence_owners(&self) -> ForeignGuard<'_> {
+        if !rseq::enabled() {
+            return ForeignGuard(None);
+        }
+        let foreign = self.atomic(OFF_FOREIGN);
+        foreign.fetch_add(1, Ordering::SeqCst);
+        if !rseq::fence_owners() {
+            // Only after fork, in a child whose registration could not be
+            // renewed: owners in this process are fenced by `foreign` alone
+            // for sequences that start from now on; report it loudly once.
+            warn_unfenced();
+        }
+        ForeignGuard(Some(foreign))
     }
 
     /// Moves the consuming reader past page `v` (about to be overwritten),
@@ -586,52 +881,66 @@ impl Region {
         }
     }
 
-    #[inline]
-    fn commit_bytes(&self, seq: u64, bytes: u64, entries: u64) {
-        let tag = seq / self.nr_pages as u64 + 1;
-        let w = self.word(seq);
+    /// Adds committed bytes and entries to the page in `slot` (whose
+    /// words `prepare_page` already moved to its lap): a plain addition to
+    /// the local word when the committing thread is on the region's CPU
+    /// (whichever CPU it reserved on), else a locked one to the remote word.
+    #[inline(always)]
+    fn commit_bytes(&self, slot: usize, bytes: u64, entries: u64) {
         let add = (entries << WORD_BYTES_BITS) | bytes;
-        let mut cur = w.load(Ordering::Relaxed);
-        loop {
-            let new = if word_tag(cur) == tag {
-                cur + add
-            } else {
-                (tag << WORD_TAG_SHIFT) | add
-            };
-            match w.compare_exchange_weak(cur, new, Ordering::SeqCst, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(a) => cur = a,
+        if rseq::enabled() {
+            let local = self.local_word_at(slot).as_ptr();
+            while let Some((area, cpu)) = crate::cpu::rseq_here() {
+                if cpu != self.cpu {
+                    break;
+                }
+                // SAFETY: `area` is this thread's rseq area; the local word is
+                // written only by sequences on `self.cpu` and by
+                // `prepare_page`, which cannot overlap a commit (see there).
+                match unsafe { rseq::add_on_cpu(area, self.cpu, local, add) } {
+                    rseq::Outcome::Done => return,
+                    rseq::Outcome::Aborted => continue,
+                    _ => break,
+                }
             }
         }
+        self.remote_word_at(slot).fetch_add(add, Ordering::SeqCst);
     }
 
-    /// Publishes a filled reservation.
-    #[inline]
+    /// Publishes a filled reservation (its alignment tail was zeroed when
+    /// it was made).
+    #[inline(always)]
     pub(crate) fn commit(&self, r: &RawReservation) {
-        if r.cap > r.len {
-            // SAFETY: [len, cap) is the alignment tail of our own payload slot.
-            unsafe { std::ptr::write_bytes(r.payload.add(r.len), 0, r.cap - r.len) };
-        }
-        self.commit_bytes(r.seq, r.total as u64, 1);
+        self.commit_bytes(r.slot(), r.total() as u64, 1);
     }
 
     /// Withdraws a reservation: the bytes become a time extend (so later
-    /// deltas stay right) plus padding, and count as no event.
+    /// deltas stay right) plus padding, and count as no event. The event's
+    /// time delta is read back from its header (or its time extend).
     pub(crate) fn discard(&self, r: &RawReservation) {
-        // SAFETY: the reserved slot [data_off, data_off+total) is still ours.
-        let slot = unsafe {
-            std::slice::from_raw_parts_mut(
-                self.page_ptr(r.seq).add(PAGE_HEADER_SIZE + r.data_off),
-                r.total,
-            )
+        let total = r.total();
+        let size = total - if r.extend() { TIME_EXTEND_SIZE } else { 0 };
+        let page = self.page_ptr_at(r.slot());
+        // SAFETY: the payload lies inside its page's data area.
+        let payload_at = unsafe { r.payload.offset_from(page) } as usize;
+        let data_off = payload_at - PAGE_HEADER_SIZE - payload_offset(size) - (total - size);
+        // SAFETY: the reserved slot [data_off, data_off + total) is still ours.
+        let slot =
+            unsafe { std::slice::from_raw_parts_mut(page.add(PAGE_HEADER_SIZE + data_off), total) };
+        let low = u64::from(page::read_u32(slot, 0) >> 5);
+        let delta = if r.extend() {
+            low | u64::from(page::read_u32(slot, 4)) << TS_SHIFT
+        } else {
+            low
         };
-        page::write_discarded(slot, r.total, r.delta, r.extend);
-        self.commit_bytes(r.seq, r.total as u64, 0);
+        page::write_discarded(slot, total, delta, r.extend());
+        self.commit_bytes(r.slot(), total as u64, 0);
     }
 
     /// Stops new reservations (writers get `Closed`).
     pub(crate) fn close(&self) {
         let state = self.map.ptr().wrapping_add(OFF_STATE).cast::<u64>();
+        let _fence = self.fence_owners();
         let mut cur = self.load_state();
         while cur[0] & CLOSED == 0 {
             // SAFETY: writable region, aligned state (see reserve).
@@ -652,16 +961,20 @@ impl Region {
         let last = (p - 1) / D;
         let first = (last + 1).saturating_sub(n);
         (first..=last).all(|seq| {
-            let w = self.word(seq).load(Ordering::SeqCst);
+            let w = self.load_word(seq);
             let expect = (p - seq * D).min(D);
-            word_tag(w) == seq / n + 1 && word_bytes(w) == expect
+            // A full page whose slot a writer already moved to the next lap
+            // (it was complete, or it could not have been moved) is done too.
+            (word_tag(w) == seq / n + 1 && word_bytes(w) == expect)
+                || (expect == D && word_tag(w) == seq / n + 2 && word_bytes(w) == 0)
         })
     }
 
     /// Empties a closed, quiescent region and reopens it.
     pub(crate) fn reinit(&self) {
         for i in 0..self.nr_pages as u64 {
-            self.word(i).store(0, Ordering::Relaxed);
+            self.local_word(i).store(0, Ordering::Relaxed);
+            self.remote_word(i).store(0, Ordering::Relaxed);
         }
         for off in [
             OFF_READ,
@@ -676,6 +989,7 @@ impl Region {
         }
         self.atomic(OFF_GENERATION).fetch_add(1, Ordering::SeqCst);
         let state = self.map.ptr().wrapping_add(OFF_STATE).cast::<u64>();
+        let _fence = self.fence_owners();
         let mut cur = self.load_state();
         loop {
             // SAFETY: writable region, aligned state (see reserve).
@@ -733,7 +1047,7 @@ impl Region {
             if p1 > (s + n) * D {
                 return PageState::Gone;
             }
-            let w = self.word(s).load(Ordering::SeqCst);
+            let w = self.load_word(s);
             if p1 >= (s + 1) * D {
                 return if word_tag(w) == tag && word_bytes(w) == D {
                     PageState::Ready(DATA_SIZE)
@@ -1074,7 +1388,7 @@ impl Region {
                     continue;
                 }
                 let seq = last - ((last - idx) % n);
-                let w = self.word(seq).load(Ordering::SeqCst);
+                let w = self.load_word(seq);
                 if word_tag(w) == seq / n + 1 {
                     current += word_entries(w);
                 }

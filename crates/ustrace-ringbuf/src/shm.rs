@@ -14,7 +14,8 @@
 //!                        (oldest first, up to 4; the last one is written to)
 //!  /dev/shm/ustrace-<name>-<pid>-<serial>-c<cpu>-r<n>  region file (one CPU ring)
 //!     RegionHeader: reservation state, read position, counters
-//!     page words[nr_pages]: per page lap | entries | committed bytes
+//!     page words[2 * nr_pages]: per page a local and a remote word of
+//!                 lap | entries | committed bytes
 //!     pages[nr_pages]: kernel-format pages (see `page`)
 //! ```
 //!
@@ -35,7 +36,7 @@ pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"USTRROOT");
 /// Magic of a region file ("USTRRING").
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"USTRRING");
 /// Layout version of both files.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Region names one root slot holds.
 pub const SLOT_NAMES: usize = 4;
 /// Bytes of one region name (NUL padded).

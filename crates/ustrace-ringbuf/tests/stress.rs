@@ -196,8 +196,13 @@ fn run(name: &str, overwrite: bool, resizing: bool) {
         total.written += s.written;
     }
     eprintln!(
-        "{name}: {:.1}s, {} writers, {resizes} resizes: written {ok} (+{failed} failed) read {} ({pages} pages) \
+        "{name} ({}): {:.1}s, {} writers, {resizes} resizes: written {ok} (+{failed} failed) read {} ({pages} pages) \
          overrun {} dropped {} commit_overrun {} left {}",
+        if RingBuffer::uses_restartable_sequences() {
+            "rseq owners"
+        } else {
+            "locked protocol"
+        },
         secs(),
         4 * cores,
         seen.read,
@@ -243,6 +248,40 @@ fn stress_overwrite_resizing() {
 #[test]
 fn stress_producer_consumer_resizing() {
     run("stress-pc-rs", false, true);
+}
+
+/// The same four runs with restartable sequences turned off, so the locked
+/// protocol (the fallback on other architectures, old glibc, or threads
+/// without rseq) keeps its exact accounting too. The mode is fixed per
+/// process, hence a child run of this test binary.
+#[test]
+fn stress_all_with_locked_protocol() {
+    if std::env::var_os("USTRACE_RINGBUF_RSEQ").is_some() {
+        return; // already the child (or the caller chose a mode)
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .env("USTRACE_RINGBUF_RSEQ", "0")
+        .args([
+            "--test-threads",
+            "1",
+            "--nocapture",
+            "stress_overwrite",
+            "stress_producer_consumer",
+        ])
+        .output()
+        .expect("run the stress tests again");
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprint!("{err}");
+    assert!(
+        out.status.success(),
+        "locked-protocol stress run failed:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        err.matches("(locked protocol)").count(),
+        4,
+        "expected four locked-protocol runs"
+    );
 }
 
 static NESTED: std::sync::OnceLock<RingBuffer> = std::sync::OnceLock::new();

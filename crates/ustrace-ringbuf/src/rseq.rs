@@ -1,0 +1,448 @@
+//! Restartable sequences: how a writer updates its own CPU's buffer with
+//! plain loads and stores instead of locked read-modify-write instructions.
+//!
+//! On this kind of machine a locked `cmpxchg16b` or `lock xadd` costs 5–11 ns
+//! each, and a write needs two of them (reserve and commit). The kernel
+//! avoids them because a CPU buffer is only ever written by its own CPU with
+//! preemption off. A user-space thread cannot turn preemption off, but a
+//! restartable sequence (rseq(2)) gets the same effect: a short stretch of
+//! code that the kernel *restarts* (jumps to an abort handler) whenever the
+//! thread is preempted, migrated or interrupted by a signal before the
+//! stretch's last instruction — the single store that commits it — retired.
+//! So two writers on one CPU can never interleave inside a sequence, and a
+//! sequence that checks "I am on CPU c" first may treat CPU c's data as its
+//! own.
+//!
+//! ```text
+//!   arm:     rseq->rseq_cs = &descriptor         (start, length, abort ip)
+//!   start:   rseq->cpu_id == c ?         no -> WrongCpu (thread migrated)
+//!            [state] *foreign == 0 ?     no -> Foreign (see below)
+//!            load, compare, compute
+//!   commit:  one store                   <- the only visible effect
+//!   post:    Done
+//!   abort:   (kernel jumps here if preempted/signalled before `post`) -> Aborted
+//! ```
+//!
+//! Writers that cannot run such a sequence on the right CPU — a thread
+//! without an rseq area, a CPU number beyond the buffer's CPU count, or a
+//! control operation (close, reinit) — still use locked instructions, and
+//! for the 16-byte reservation state that is not enough: a locked CAS from
+//! another CPU could land between an owner's load and its plain store. So
+//! such a *foreign* writer first raises the region's `foreign` count and
+//! then calls `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`, which
+//! aborts every sequence in flight in this process. Once it returns, every
+//! owner sequence either finished before or will see `foreign != 0` and
+//! take the locked path itself. Foreign writes pay a system call; owners,
+//! which is every thread glibc created on a buffer's own CPU, pay none.
+//!
+//! Page commit words need no such dance: each page has a `local` word that
+//! only owner sequences add to, and a `remote` word for everybody else
+//! (`lock xadd`), see `region.rs`.
+//!
+//! Everything here is x86_64 only; elsewhere [`enabled`] is false and the
+//! ring buffer stays on its locked (CAS) protocol, which is correct on its
+//! own. `USTRACE_RINGBUF_RSEQ=0` in the environment forces that protocol.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Result of one restartable sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The commit store happened.
+    Done,
+    /// The state did not hold the expected value; nothing was stored.
+    Changed,
+    /// The thread is not on the CPU the caller assumed; nothing was stored.
+    WrongCpu,
+    /// A foreign writer is active on the region; nothing was stored.
+    Foreign,
+    /// Preempted, migrated or signalled before the commit; nothing was stored.
+    Aborted,
+}
+
+const MODE_UNKNOWN: u8 = 0;
+const MODE_ON: u8 = 1;
+const MODE_OFF: u8 = 2;
+static MODE: AtomicU8 = AtomicU8::new(MODE_UNKNOWN);
+
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 7;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 8;
+
+fn membarrier(cmd: libc::c_long) -> libc::c_long {
+    // SAFETY: membarrier takes integers only and touches no user memory.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            cmd,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    }
+}
+
+/// Decides, once per process, whether owner writers use restartable
+/// sequences: x86_64, glibc registered rseq with a usable area, the kernel
+/// accepts the expedited-rseq membarrier registration, and the environment
+/// does not say `USTRACE_RINGBUF_RSEQ=0`. Not async-signal-safe the first time.
+pub(crate) fn init() {
+    if MODE.load(Ordering::Acquire) != MODE_UNKNOWN {
+        return;
+    }
+    let wanted = std::env::var_os("USTRACE_RINGBUF_RSEQ").is_none_or(|v| v != "0");
+    let on = cfg!(target_arch = "x86_64")
+        && wanted
+        && crate::cpu::rseq_here().is_some()
+        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0;
+    let _ = MODE.compare_exchange(
+        MODE_UNKNOWN,
+        if on { MODE_ON } else { MODE_OFF },
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+}
+
+/// Whether owner writers run restartable sequences (so foreign writers
+/// must fence them out before touching reservation state).
+#[inline]
+pub(crate) fn enabled() -> bool {
+    MODE.load(Ordering::Relaxed) == MODE_ON
+}
+
+/// Aborts every restartable sequence in flight in this process (and makes
+/// the caller's earlier stores visible to them). Returns false if the
+/// kernel refused, which only happens if registration was lost (after
+/// `fork`, in the child: registration is per address space); it is
+/// retried once after registering again.
+pub(crate) fn fence_owners() -> bool {
+    if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0 {
+        return true;
+    }
+    membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
+        && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0
+}
+
+fn outcome(code: u32) -> Outcome {
+    match code {
+        0 => Outcome::Done,
+        1 => Outcome::Changed,
+        2 => Outcome::WrongCpu,
+        3 => Outcome::Foreign,
+        _ => Outcome::Aborted,
+    }
+}
+
+/// On CPU `cpu`, if `*foreign == 0` and the 16 bytes at `state` equal
+/// `old`, stores `new` there with one 16-byte store.
+///
+/// # Safety
+/// `area` is the calling thread's registered rseq area; `state` is 16-byte
+/// aligned and writable, `foreign` readable, both for the whole call.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) unsafe fn store_state_if(
+    area: *mut u8,
+    cpu: u32,
+    state: *mut u64,
+    foreign: *const u64,
+    old: [u64; 2],
+    new: [u64; 2],
+) -> Outcome {
+    let code: u32;
+    // SAFETY: the caller guarantees the pointers. The descriptor goes into
+    // the `__rseq_cs` section (32-byte aligned, as struct rseq_cs requires);
+    // the 4 bytes before the abort label are glibc's x86 signature
+    // 0x53053053, embedded in a `ud1` so the bytes still decode as one
+    // instruction. The abort and exit paths lie outside [start, post), and
+    // the store at the end of the range is the only write.
+    unsafe {
+        core::arch::asm!(
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "3:",
+            ".long 0, 0",
+            ".quad 4f, (5f - 4f), 6f",
+            ".popsection",
+            "movq {nlo}, {x}",
+            "movq {nhi}, {y}",
+            "punpcklqdq {y}, {x}",
+            "leaq 3b(%rip), {tmp}",
+            "movq {tmp}, 8({area})",
+            "4:",
+            "cmpl {cpu:e}, 4({area})",
+            "jne 7f",
+            "cmpq $0, ({foreign})",
+            "jne 8f",
+            "cmpq {olo}, ({state})",
+            "jne 9f",
+            "cmpq {ohi}, 8({state})",
+            "jne 9f",
+            "movdqu {x}, ({state})",
+            "5:",
+            "xorl {code:e}, {code:e}",
+            "jmp 2f",
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "6:",
+            "movl $4, {code:e}",
+            "jmp 2f",
+            "7:",
+            "movl $2, {code:e}",
+            "jmp 2f",
+            "8:",
+            "movl $3, {code:e}",
+            "jmp 2f",
+            "9:",
+            "movl $1, {code:e}",
+            "2:",
+            area = in(reg) area,
+            cpu = in(reg) cpu,
+            foreign = in(reg) foreign,
+            state = in(reg) state,
+            olo = in(reg) old[0],
+            ohi = in(reg) old[1],
+            nlo = in(reg) new[0],
+            nhi = in(reg) new[1],
+            x = out(xmm_reg) _,
+            y = out(xmm_reg) _,
+            tmp = out(reg) _,
+            code = out(reg) code,
+            options(att_syntax, nostack),
+        );
+    }
+    outcome(code)
+}
+
+/// On CPU `cpu`, adds `add` to the u64 at `word` with a plain load and store.
+///
+/// # Safety
+/// `area` is the calling thread's registered rseq area; `word` is 8-byte
+/// aligned and writable, and written only by sequences of CPU `cpu` (plus
+/// locked writes that cannot overlap them, see `region.rs`).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) unsafe fn add_on_cpu(area: *mut u8, cpu: u32, word: *mut u64, add: u64) -> Outcome {
+    let code: u32;
+    // SAFETY: as in `store_state_if`; the final `movq` to the word is the commit.
+    unsafe {
+        core::arch::asm!(
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "3:",
+            ".long 0, 0",
+            ".quad 4f, (5f - 4f), 6f",
+            ".popsection",
+            "leaq 3b(%rip), {tmp}",
+            "movq {tmp}, 8({area})",
+            "4:",
+            "cmpl {cpu:e}, 4({area})",
+            "jne 7f",
+            "movq ({word}), {tmp}",
+            "addq {add}, {tmp}",
+            "movq {tmp}, ({word})",
+            "5:",
+            "xorl {code:e}, {code:e}",
+            "jmp 2f",
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "6:",
+            "movl $4, {code:e}",
+            "jmp 2f",
+            "7:",
+            "movl $2, {code:e}",
+            "2:",
+            area = in(reg) area,
+            cpu = in(reg) cpu,
+            word = in(reg) word,
+            add = in(reg) add,
+            tmp = out(reg) _,
+            code = out(reg) code,
+            options(att_syntax, nostack),
+        );
+    }
+    outcome(code)
+}
+
+/// Never called: [`enabled`] is false off x86_64.
+///
+/// # Safety
+/// None needed; it does nothing.
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+pub(crate) unsafe fn store_state_if(
+    _area: *mut u8,
+    _cpu: u32,
+    _state: *mut u64,
+    _foreign: *const u64,
+    _old: [u64; 2],
+    _new: [u64; 2],
+) -> Outcome {
+    Outcome::WrongCpu
+}
+
+/// Never called: [`enabled`] is false off x86_64.
+///
+/// # Safety
+/// None needed; it does nothing.
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+pub(crate) unsafe fn add_on_cpu(_area: *mut u8, _cpu: u32, _word: *mut u64, _add: u64) -> Outcome {
+    Outcome::WrongCpu
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    fn here() -> Option<(*mut u8, u32)> {
+        crate::cpu::init();
+        init();
+        if !enabled() {
+            eprintln!("skipped: restartable sequences are not available here");
+            return None;
+        }
+        crate::cpu::rseq_here()
+    }
+
+    #[test]
+    fn store_state_if_compares_and_checks_cpu() {
+        let Some(_) = here() else { return };
+        #[repr(align(16))]
+        struct State([u64; 2]);
+        let mut st = State([5, 7]);
+        let foreign = 0u64;
+        let mut done = 0;
+        for _ in 0..1000 {
+            let (area, cpu) = crate::cpu::rseq_here().unwrap();
+            let p = st.0.as_mut_ptr();
+            // SAFETY: area is ours, the state is aligned and local.
+            match unsafe { store_state_if(area, cpu, p, &foreign, [1, 2], [9, 9]) } {
+                Outcome::Changed => {}
+                Outcome::Aborted | Outcome::WrongCpu => continue,
+                o => panic!("mismatching state gave {o:?}"),
+            }
+            assert_eq!(st.0, [5, 7]);
+            // SAFETY: as above.
+            match unsafe { store_state_if(area, cpu, p, &foreign, [5, 7], [6, 8]) } {
+                Outcome::Done => {
+                    assert_eq!(st.0, [6, 8]);
+                    st.0 = [5, 7];
+                    done += 1;
+                }
+                Outcome::Aborted | Outcome::WrongCpu => {}
+                o => panic!("matching state gave {o:?}"),
+            }
+            // SAFETY: as above; a CPU number no thread runs on.
+            let o = unsafe { store_state_if(area, u32::MAX, p, &foreign, [5, 7], [1, 1]) };
+            assert!(matches!(o, Outcome::WrongCpu | Outcome::Aborted), "{o:?}");
+            let busy = 1u64;
+            // SAFETY: as above.
+            let o = unsafe { store_state_if(area, cpu, p, &busy, [5, 7], [1, 1]) };
+            assert!(
+                matches!(o, Outcome::Foreign | Outcome::Aborted | Outcome::WrongCpu),
+                "{o:?}"
+            );
+            assert_eq!(st.0, [5, 7]);
+        }
+        assert!(done > 900, "only {done} of 1000 sequences completed");
+    }
+
+    const MAX_CPUS: usize = 256;
+    static WORDS: [std::sync::atomic::AtomicU64; MAX_CPUS] =
+        [const { std::sync::atomic::AtomicU64::new(0) }; MAX_CPUS];
+    static HANDLER_ADDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    /// A nested writer: the signal handler adds to its CPU's word too.
+    extern "C" fn add_in_handler(_: libc::c_int) {
+        loop {
+            let Some((area, cpu)) = crate::cpu::rseq_here() else {
+                return;
+            };
+            // SAFETY: as in the workers below.
+            if unsafe { add_on_cpu(area, cpu, WORDS[cpu as usize].as_ptr(), 1) } == Outcome::Done {
+                HANDLER_ADDS.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn add_on_cpu_adds_exactly_under_preemption_and_signals() {
+        let Some(_) = here() else { return };
+        // More threads than CPUs, all adding to the word of "their" CPU with
+        // plain read-modify-writes, while another thread keeps signalling
+        // them and the handler adds too (a nested writer): the sum is exact
+        // only if the kernel restarts every interrupted sequence, and the
+        // abort count shows it had to.
+        if crate::cpu::possible_cpus() > MAX_CPUS {
+            eprintln!("skipped: more than {MAX_CPUS} cpus");
+            return;
+        }
+        // SAFETY: installs an async-signal-safe handler (atomics and the
+        // rseq sequence only) for SIGUSR2, which nothing else in this test
+        // binary uses.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = add_in_handler as *const () as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut());
+        }
+        let words = &WORDS;
+        let threads = 4 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        let per = 300_000u64;
+        let aborted = std::sync::atomic::AtomicU64::new(0);
+        let running = std::sync::atomic::AtomicUsize::new(threads);
+        let stopped = std::sync::atomic::AtomicBool::new(false);
+        let ids: Vec<std::sync::atomic::AtomicU64> = (0..threads)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect();
+        std::thread::scope(|s| {
+            for id in &ids {
+                let (aborted, running, stopped) = (&aborted, &running, &stopped);
+                s.spawn(move || {
+                    // SAFETY: pthread_self has no preconditions.
+                    id.store(unsafe { libc::pthread_self() } as u64, Ordering::SeqCst);
+                    let mut left = per;
+                    let mut aborts = 0;
+                    while left > 0 {
+                        let (area, cpu) = crate::cpu::rseq_here().unwrap();
+                        let w = words[cpu as usize].as_ptr();
+                        // SAFETY: area is this thread's; w is an aligned word
+                        // only written by sequences on `cpu`.
+                        match unsafe { add_on_cpu(area, cpu, w, 1) } {
+                            Outcome::Done => left -= 1,
+                            Outcome::Aborted => aborts += 1,
+                            _ => {}
+                        }
+                    }
+                    aborted.fetch_add(aborts, Ordering::Relaxed);
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    // Stay alive until the signaller stops using our thread id.
+                    while !stopped.load(Ordering::SeqCst) {
+                        std::thread::yield_now();
+                    }
+                });
+            }
+            s.spawn(|| {
+                while running.load(Ordering::SeqCst) > 0 {
+                    for id in &ids {
+                        let t = id.load(Ordering::SeqCst);
+                        if t != 0 {
+                            // SAFETY: the thread is alive until `stopped` is set,
+                            // and SIGUSR2 has a do-nothing handler.
+                            unsafe { libc::pthread_kill(t as libc::pthread_t, libc::SIGUSR2) };
+                        }
+                    }
+                }
+                stopped.store(true, Ordering::SeqCst);
+            });
+        });
+        let total: u64 = words.iter().map(|w| w.load(Ordering::Relaxed)).sum();
+        let nested = HANDLER_ADDS.load(Ordering::Relaxed);
+        assert!(nested > 0, "no signal handler ever ran");
+        assert_eq!(total, threads as u64 * per + nested);
+        assert!(
+            aborted.load(Ordering::Relaxed) > 0,
+            "no sequence was ever restarted"
+        );
+    }
+}
