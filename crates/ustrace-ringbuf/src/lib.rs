@@ -14,7 +14,7 @@
 //!   /dev/shm/ustrace-<name>-<pid>-<n>-c<cpu>-r<k>: kernel-format pages (page.rs)
 //!        ^
 //!        | consume / consume_any   trace_pipe (consuming, per CPU or merged)
-//!        | read_page               per_cpu/cpuN/trace_pipe_raw (whole pages)
+//!        | read_page               per_cpu/cpuN/trace_pipe_raw (swaps whole pages out)
 //!        | iter / iter_cpu         trace (non-consuming, merged by time)
 //!        | ShmReader               another process, read-only (shm.rs)
 //! ```

@@ -17,32 +17,42 @@
 //!
 //! # Writers (any number, any thread, at once, also nested in signal handlers)
 //!
-//! The reservation state is 16 bytes — `{pos, last_ts}` — updated with one
-//! double-width compare-and-swap. Taking the timestamp inside the CAS loop
-//! and storing it with the position is what makes the kernel's delta
-//! encoding work with concurrent writers: whoever wins the CAS knows exactly
-//! which event precedes it and its time, and `ts = max(clock, last_ts)`
-//! keeps time monotonic within the ring.
+//! The reservation state is 16 bytes — `{pos, last_ts}`. Taking the
+//! timestamp before the update and storing it with the position is what
+//! makes the kernel's delta encoding work with several writers: whoever
+//! moves the state knows exactly which event precedes it and its time, and
+//! `ts = max(clock, last_ts)` keeps time monotonic within the ring. A
+//! thread on the region's own CPU moves it inside a restartable sequence
+//! (compare, then one plain 16-byte store; see `rseq.rs`); anybody else
+//! fences those sequences out and uses a double-width CAS.
 //!
 //! ```text
 //!  reserve(len):  load {pos,last}; ts = max(now,last)
 //!                 fits in page?      -> new pos = pos + size (+8 for a time extend)
 //!                 else               -> pad the page end, event at next page start
-//!                 entering page seq e >= nr_pages (reusing slot of seq v = e - nr_pages):
+//!                 entering page seq e (reusing slot of seq v = e - nr_pages if e >= nr_pages):
 //!                    v not fully committed              -> drop (commit overrun)
 //!                    producer/consumer and v unread     -> drop (dropped)
 //!                    overwrite: push the read position past v (overrun += unread)
-//!                 CAS {pos,last} -> {new pos, ts}; on failure retry with what we saw
+//!                    move the slot's commit words and map entry to e's lap
+//!                 store {pos,last} -> {new pos, ts} if unchanged; else retry
 //!  fill payload
-//!  commit:        CAS the slot's page word += (1 entry, size bytes)
+//!  commit:        on the region's CPU: local word += (1 entry, size) (rseq)
+//!                 elsewhere:           remote word += (1 entry, size) (lock xadd)
 //! ```
 //!
-//! A page word packs `lap+1 : 40 | entries : 12 | committed bytes : 12`.
-//! A page is complete when its word says "this lap, 4080 bytes": every byte
-//! reserved in it — events, time extends, discards and end padding — has
-//! been committed. Commits may finish in any order; nobody waits for anybody.
+//! A page word packs `lap+1 : 40 | entries : 12 | committed bytes : 12`;
+//! a slot's state is its two words added. A page is complete when that
+//! says "this lap, 4080 bytes": every byte reserved in it — events, time
+//! extends, discards and end padding — has been committed. Commits may
+//! finish in any order; nobody waits for anybody.
 //!
 //! # Readers
+//!
+//! Slots are mapped to physical pages through a slot map, with one
+//! physical page more than slots: the consuming page reader's spare. The
+//! page reader (`trace_pipe_raw`) swaps a complete page out of the ring
+//! for its spare, as in ring-buffer-design.rst, and reads it undisturbed.
 //!
 //! The consuming reader keeps `read = pos << 12 | events read in that page`
 //! in the region header and advances it with CAS. An overwriting writer
@@ -50,9 +60,10 @@
 //! an event and then fails its CAS knows the copy may be torn and retries.
 //! Readers that do not consume (the `trace` iterator, `ShmReader`) copy a
 //! page and then check the reservation position has not entered the
-//! page's next lap (a seqlock on `pos`). A partially filled tail page is
-//! readable when it is quiescent: `pos` unchanged around reading its page
-//! word and the word's byte count equals `pos`'s offset.
+//! page's next lap and the slot map entry is unchanged (a seqlock). A
+//! partially filled tail page is readable when it is quiescent: `pos`
+//! unchanged around reading its page word and the word's byte count equals
+//! `pos`'s offset.
 
 use crate::clock::{self, Clock};
 use crate::page::{
@@ -80,10 +91,12 @@ pub(crate) const OFF_PAGE_SIZE: usize = 20;
 pub(crate) const OFF_WORDS: usize = 24;
 pub(crate) const OFF_PAGES: usize = 32;
 pub(crate) const OFF_GENERATION: usize = 40;
+pub(crate) const OFF_MAP: usize = 48;
 pub(crate) const OFF_STATE: usize = 64;
 pub(crate) const OFF_FOREIGN: usize = 80;
 pub(crate) const OFF_READ: usize = 128;
 pub(crate) const OFF_LOST_REPORTED: usize = 136;
+pub(crate) const OFF_SPARE: usize = 144;
 pub(crate) const OFF_OVERRUN: usize = 192;
 pub(crate) const OFF_DROPPED: usize = 200;
 pub(crate) const OFF_COMMIT_OVERRUN: usize = 208;
@@ -93,6 +106,27 @@ pub(crate) const WORDS_START: usize = 256;
 
 /// Bytes per page slot in the word array: a `local` and a `remote` word.
 const WORD_STRIDE: usize = 16;
+/// A slot map entry: `tag:31 | swapped:1 | phys:32` — which physical page
+/// holds the slot, for which lap (`(lap + 1) mod 2^31`, 0 = never used),
+/// and whether the consuming reader swapped the page out (then the slot's
+/// physical page holds nothing of that lap).
+const MAP_SWAPPED: u64 = 1 << 32;
+const MAP_TAG_SHIFT: u32 = 33;
+const MAP_TAG_MASK: u64 = (1 << 31) - 1;
+
+#[inline(always)]
+fn map_phys(m: u64) -> usize {
+    m as u32 as usize
+}
+#[inline(always)]
+fn map_tag(m: u64) -> u64 {
+    m >> MAP_TAG_SHIFT
+}
+#[inline(always)]
+fn map_entry(phys: usize, tag: u64) -> u64 {
+    phys as u64 | (tag & MAP_TAG_MASK) << MAP_TAG_SHIFT
+}
+
 const WORD_BYTES_BITS: u32 = 12;
 const WORD_ENTRIES_BITS: u32 = 12;
 const WORD_TAG_SHIFT: u32 = WORD_BYTES_BITS + WORD_ENTRIES_BITS;
@@ -272,11 +306,13 @@ pub(crate) struct Region {
     map: Mapping,
     nr_pages: usize,
     words_off: usize,
+    map_off: usize,
     pages_off: usize,
     /// The CPU whose restartable sequences own the local commit words.
     cpu: u32,
-    /// `seq << 24 | slot` of the page writers are in, so the fast path
-    /// need not divide by `nr_pages` (0 = none yet).
+    /// `valid:1 | seq:23 | slot:20 | phys:20` of the page writers are in,
+    /// so the fast path needs neither a division by `nr_pages` nor the
+    /// slot map (0 = none yet).
     page_hint: AtomicU64,
 }
 
@@ -397,13 +433,17 @@ pub(crate) fn has_cas128() -> bool {
 }
 
 impl Region {
-    /// Size of a region file with `nr_pages` pages.
+    /// Size of a region file with `nr_pages` pages (plus the reader's spare).
     pub(crate) fn file_size(nr_pages: usize) -> usize {
-        Self::pages_offset(nr_pages) + nr_pages * PAGE_SIZE
+        Self::pages_offset(nr_pages) + (nr_pages + 1) * PAGE_SIZE
+    }
+
+    fn map_offset(nr_pages: usize) -> usize {
+        WORDS_START + nr_pages * WORD_STRIDE
     }
 
     fn pages_offset(nr_pages: usize) -> usize {
-        crate::shm::round_up(WORDS_START + nr_pages * WORD_STRIDE, PAGE_SIZE)
+        crate::shm::round_up(Self::map_offset(nr_pages) + nr_pages * 8, PAGE_SIZE)
     }
 
     /// Creates a zeroed region file for `cpu` with `nr_pages` pages.
@@ -414,10 +454,17 @@ impl Region {
             map,
             nr_pages,
             words_off: WORDS_START,
+            map_off: Self::map_offset(nr_pages),
             pages_off,
             cpu: cpu as u32,
             page_hint: AtomicU64::new(0),
         };
+        for slot in 0..nr_pages {
+            r.map_word(slot)
+                .store(map_entry(slot, 0), Ordering::Relaxed);
+        }
+        r.atomic(OFF_SPARE)
+            .store(nr_pages as u64, Ordering::Relaxed);
         // SAFETY: fresh, zeroed file of file_size bytes, exclusively ours; the
         // header fields are inside its first 256 bytes.
         unsafe {
@@ -428,6 +475,9 @@ impl Region {
             b.add(OFF_PAGE_SIZE).cast::<u32>().write(PAGE_SIZE as u32);
             b.add(OFF_WORDS).cast::<u64>().write(WORDS_START as u64);
             b.add(OFF_PAGES).cast::<u64>().write(pages_off as u64);
+            b.add(OFF_MAP)
+                .cast::<u64>()
+                .write(Self::map_offset(nr_pages) as u64);
         }
         r.atomic(OFF_MAGIC).store(REGION_MAGIC, Ordering::Release);
         Ok(r)
@@ -449,6 +499,7 @@ impl Region {
             map,
             nr_pages: 0,
             words_off: 0,
+            map_off: 0,
             pages_off: 0,
             cpu: 0,
             page_hint: AtomicU64::new(0),
@@ -456,7 +507,7 @@ impl Region {
         let magic = r.atomic(OFF_MAGIC).load(Ordering::Acquire);
         // SAFETY: header fields are inside the first 256 bytes (checked above);
         // they are written once before the magic is published.
-        let (version, cpu, nr_pages, page_size, words, pages) = unsafe {
+        let (version, cpu, nr_pages, page_size, words, pages, slot_map) = unsafe {
             let b = r.map.ptr();
             (
                 b.add(OFF_VERSION).cast::<u32>().read(),
@@ -465,6 +516,7 @@ impl Region {
                 b.add(OFF_PAGE_SIZE).cast::<u32>().read() as usize,
                 b.add(OFF_WORDS).cast::<u64>().read() as usize,
                 b.add(OFF_PAGES).cast::<u64>().read() as usize,
+                b.add(OFF_MAP).cast::<u64>().read() as usize,
             )
         };
         if magic != REGION_MAGIC || version != LAYOUT_VERSION || page_size != PAGE_SIZE {
@@ -473,8 +525,9 @@ impl Region {
             )));
         }
         if nr_pages < 2
-            || words + nr_pages * WORD_STRIDE > pages
-            || pages + nr_pages * PAGE_SIZE > r.map.len()
+            || words + nr_pages * WORD_STRIDE > slot_map
+            || slot_map + nr_pages * 8 > pages
+            || pages + (nr_pages + 1) * PAGE_SIZE > r.map.len()
         {
             return Err(bad(format!("{nr_pages} pages do not fit the file")));
         }
@@ -483,6 +536,7 @@ impl Region {
             map,
             nr_pages,
             words_off: words,
+            map_off: slot_map,
             pages_off: pages,
             cpu,
             page_hint: AtomicU64::new(0),
@@ -513,20 +567,38 @@ impl Region {
         (seq % self.nr_pages as u64) as usize
     }
 
-    /// `slot_of(seq)` for the page writers are in, mostly without a division.
+    /// `(slot, physical page)` of page `seq`, which the caller is writing
+    /// in (so the slot's mapping cannot change under it), mostly without a
+    /// division or a look at the slot map.
     #[inline(always)]
-    fn slot_of_current(&self, seq: u64) -> usize {
-        const SEQ_BITS: u64 = (1 << 40) - 1;
+    fn current_page(&self, seq: u64) -> (usize, usize) {
+        const VALID: u64 = 1 << 63;
+        const SEQ_MASK: u64 = (1 << 23) - 1;
+        const IDX_MASK: u64 = (1 << 20) - 1;
         let h = self.page_hint.load(Ordering::Relaxed);
-        if h != 0 && h >> 24 == seq & SEQ_BITS {
-            return (h & 0xff_ffff) as usize;
+        if h & VALID != 0 && (h >> 40) & SEQ_MASK == seq & SEQ_MASK {
+            return (((h >> 20) & IDX_MASK) as usize, (h & IDX_MASK) as usize);
         }
+        self.current_page_slow(seq)
+    }
+
+    #[inline(never)]
+    fn current_page_slow(&self, seq: u64) -> (usize, usize) {
         let slot = self.slot_of(seq);
-        if slot < 1 << 24 {
-            self.page_hint
-                .store((seq & SEQ_BITS) << 24 | slot as u64, Ordering::Relaxed);
+        let phys = map_phys(self.map_word(slot).load(Ordering::Acquire));
+        if self.nr_pages < 1 << 20 {
+            self.page_hint.store(
+                1 << 63 | (seq & ((1 << 23) - 1)) << 40 | (slot as u64) << 20 | phys as u64,
+                Ordering::Relaxed,
+            );
         }
-        slot
+        (slot, phys)
+    }
+
+    /// The slot map entry of `slot`.
+    #[inline(always)]
+    fn map_word(&self, slot: usize) -> &AtomicU64 {
+        self.atomic(self.map_off + slot * 8)
     }
 
     /// The word only owner sequences add to (plain stores, see `rseq.rs`).
@@ -559,16 +631,28 @@ impl Region {
         combine_words(l, r)
     }
 
+    /// The page a writer of page `seq` writes to (the slot's mapping is
+    /// stable while the page has writers).
     #[inline]
     fn page_ptr(&self, seq: u64) -> *mut u8 {
         self.page_ptr_at(self.slot_of(seq))
     }
 
-    #[inline(always)]
+    #[inline]
     fn page_ptr_at(&self, slot: usize) -> *mut u8 {
-        debug_assert!(slot < self.nr_pages);
-        // SAFETY: slot index < nr_pages, so the page lies inside the mapping.
-        unsafe { self.map.ptr().add(self.pages_off + slot * PAGE_SIZE) }
+        self.phys_ptr(map_phys(self.map_word(slot).load(Ordering::Acquire)))
+    }
+
+    #[inline(always)]
+    fn phys_ptr(&self, phys: usize) -> *mut u8 {
+        debug_assert!(phys <= self.nr_pages);
+        // SAFETY: the index is clamped to nr_pages, and the file holds
+        // nr_pages + 1 pages.
+        unsafe {
+            self.map
+                .ptr()
+                .add(self.pages_off + phys.min(self.nr_pages) * PAGE_SIZE)
+        }
     }
 
     #[inline]
@@ -618,13 +702,12 @@ impl Region {
             let delta = ts - cur[1];
             if delta <= TS_MASK {
                 if let StateStore::Done = self.store_state(writer, cur, [pos + size, ts]) {
-                    let page_slot = self.slot_of_current(pos / D);
+                    let (page_slot, phys) = self.current_page(pos / D);
                     // SAFETY: [off, off + size) of the page is ours by the state
                     // store; the page lies inside the mapping.
                     let bytes = unsafe {
                         std::slice::from_raw_parts_mut(
-                            self.page_ptr_at(page_slot)
-                                .add(PAGE_HEADER_SIZE + off as usize),
+                            self.phys_ptr(phys).add(PAGE_HEADER_SIZE + off as usize),
                             size as usize,
                         )
                     };
@@ -773,7 +856,7 @@ impl Region {
             if word_tag(r) < tag {
                 let _ = rw.compare_exchange(r, fresh, Ordering::SeqCst, Ordering::SeqCst);
             }
-            return Ok(true);
+            return Ok(self.move_map(e));
         }
         let w = combine_words(l, r);
         if e >= n {
@@ -799,7 +882,76 @@ impl Region {
                 .fetch_add(word_entries(w), Ordering::Relaxed);
         }
         let _ = rw.compare_exchange(r, fresh, Ordering::SeqCst, Ordering::SeqCst);
-        Ok(true)
+        Ok(self.move_map(e))
+    }
+
+    /// Moves page `e`'s slot map entry to `e`'s lap, keeping its physical
+    /// page — which is the consuming reader's former spare if it swapped
+    /// the previous lap's page out first; after this, it cannot. `false`:
+    /// the entry is neither of the previous lap nor of `e`'s (stale view).
+    fn move_map(&self, e: u64) -> bool {
+        let n = self.nr_pages as u64;
+        let tag = (e / n + 1) & MAP_TAG_MASK;
+        let prev = if e >= n { (e / n) & MAP_TAG_MASK } else { 0 };
+        let mw = self.map_word(self.slot_of(e));
+        let mut m = mw.load(Ordering::SeqCst);
+        loop {
+            if map_tag(m) == tag {
+                return true;
+            }
+            if map_tag(m) != prev {
+                return false;
+            }
+            match mw.compare_exchange(
+                m,
+                map_entry(map_phys(m), tag),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return true,
+                Err(a) => m = a,
+            }
+        }
+    }
+
+    /// Moves the consuming reader past page `s`, swapped out but not
+    /// decodable — only a writer killed or corrupting memory mid-page could
+    /// cause that; without this the reader would stop at it for good.
+    #[cold]
+    fn skip_unreadable(&self, rw: u64, s: u64) {
+        let _ = self.atomic(OFF_READ).compare_exchange(
+            rw,
+            read_pack((s + 1) * D, 0),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+
+    /// Takes page `s` (complete, at the consuming reader's position) out of
+    /// the ring, as ring-buffer-design.rst's reader page swap: the slot
+    /// gets the reader's spare page (marked swapped: nothing of this lap is
+    /// in it), and the old page becomes the reader's, stable for as long
+    /// as it likes, since no writer can reach it any more. Fails (`None`)
+    /// when a writer already moved the slot on to its next lap.
+    fn swap_out(&self, s: u64) -> Option<usize> {
+        let n = self.nr_pages as u64;
+        let mw = self.map_word(self.slot_of(s));
+        let m = mw.load(Ordering::SeqCst);
+        if map_tag(m) != (s / n + 1) & MAP_TAG_MASK || m & MAP_SWAPPED != 0 {
+            return None;
+        }
+        let spare = self.atomic(OFF_SPARE).load(Ordering::Relaxed) as usize;
+        mw.compare_exchange(
+            m,
+            map_entry(spare, map_tag(m)) | MAP_SWAPPED,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        )
+        .ok()?;
+        let taken = map_phys(m);
+        self.atomic(OFF_SPARE)
+            .store(taken as u64, Ordering::Relaxed);
+        Some(taken)
     }
 
     /// One attempt to move the reservation state from `cur` to `new`.
@@ -975,7 +1127,11 @@ impl Region {
         for i in 0..self.nr_pages as u64 {
             self.local_word(i).store(0, Ordering::Relaxed);
             self.remote_word(i).store(0, Ordering::Relaxed);
+            let m = self.map_word(i as usize).load(Ordering::Relaxed);
+            self.map_word(i as usize)
+                .store(map_entry(map_phys(m), 0), Ordering::Relaxed);
         }
+        self.page_hint.store(0, Ordering::Relaxed);
         for off in [
             OFF_READ,
             OFF_LOST_REPORTED,
@@ -1049,10 +1205,13 @@ impl Region {
             }
             let w = self.load_word(s);
             if p1 >= (s + 1) * D {
-                return if word_tag(w) == tag && word_bytes(w) == D {
-                    PageState::Ready(DATA_SIZE)
-                } else if word_tag(w) > tag {
+                let m = self.map_word(self.slot_of(s)).load(Ordering::SeqCst);
+                let map_here = map_tag(m) == tag & MAP_TAG_MASK;
+                return if word_tag(w) > tag || !map_here || m & MAP_SWAPPED != 0 {
+                    // Reused, or swapped out by the consuming page reader.
                     PageState::Gone
+                } else if word_tag(w) == tag && word_bytes(w) == D {
+                    PageState::Ready(DATA_SIZE)
                 } else {
                     PageState::Busy
                 };
@@ -1070,14 +1229,24 @@ impl Region {
         PageState::Busy
     }
 
-    /// Copies page `s` into `buf` and checks no writer started reusing it meanwhile.
+    /// Copies page `s` into `buf` and checks no writer started reusing it,
+    /// and the consuming reader did not swap it out, meanwhile.
     fn copy_page(&self, s: u64, buf: &mut [u8; PAGE_SIZE]) -> bool {
+        let n = self.nr_pages as u64;
+        let mw = self.map_word(self.slot_of(s));
+        let m = mw.load(Ordering::SeqCst);
+        if map_tag(m) != (s / n + 1) & MAP_TAG_MASK || m & MAP_SWAPPED != 0 {
+            return false;
+        }
         // SAFETY: the page lies inside the mapping. Writers may be storing
-        // into it if it is being overwritten; the position check below
-        // detects that and the copy is thrown away (seqlock read).
-        unsafe { std::ptr::copy_nonoverlapping(self.page_ptr(s), buf.as_mut_ptr(), PAGE_SIZE) };
+        // into it if it is being overwritten, or it may become the reader's
+        // and later a spare; the checks below detect both and the copy is
+        // thrown away (seqlock read).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.phys_ptr(map_phys(m)), buf.as_mut_ptr(), PAGE_SIZE)
+        };
         fence(Ordering::Acquire);
-        self.pos() <= (s + self.nr_pages as u64) * D
+        self.pos() <= (s + n) * D && mw.load(Ordering::SeqCst) == m
     }
 
     /// Reads one step at position `pos`, `ts_hint` being the time at `pos`
@@ -1234,7 +1403,9 @@ impl Region {
     }
 
     /// Consuming read of the rest of the page at the read position, as a
-    /// kernel-format page. Returns `(page, events)`.
+    /// kernel-format page. Returns `(page, events)`. A complete page is
+    /// swapped out of the ring first (`swap_out`); the partly written tail
+    /// page is copied and checked, as the kernel copies it too.
     pub(crate) fn read_page(&self, cache: &mut RegionCursor) -> Option<(Vec<u8>, u64)> {
         let read = self.atomic(OFF_READ);
         for _ in 0..10_000 {
@@ -1250,7 +1421,18 @@ impl Region {
                 return None;
             }
             let mut buf = [0u8; PAGE_SIZE];
-            if !self.copy_page(s, &mut buf) {
+            let swapped = limit == DATA_SIZE;
+            if swapped {
+                // A complete page: take it out of the ring (no writer can
+                // touch it afterwards), then read it at leisure.
+                let Some(phys) = self.swap_out(s) else {
+                    continue; // a writer moved on into the slot: overwritten
+                };
+                // SAFETY: the page is the reader's alone now (see swap_out).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(self.phys_ptr(phys), buf.as_mut_ptr(), PAGE_SIZE)
+                };
+            } else if !self.copy_page(s, &mut buf) {
                 continue;
             }
             let base = page::read_u64(&buf, 0);
@@ -1269,6 +1451,9 @@ impl Region {
                     }
                 }
                 if dec.offset() != off {
+                    if swapped {
+                        self.skip_unreadable(rw, s);
+                    }
                     continue;
                 }
             }
@@ -1285,6 +1470,9 @@ impl Region {
                 end = rec.offset + rec.size;
             }
             if dec.failed() {
+                if swapped {
+                    self.skip_unreadable(rw, s);
+                }
                 continue;
             }
             let ts_end = dec.ts();
@@ -1437,5 +1625,115 @@ impl Region {
             pos = (s + 1) * D;
         }
         (bytes, oldest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(name: &str, pages: usize) -> Region {
+        let path = crate::shm::shm_dir()
+            .join(format!("ustrace-region-test-{name}-{}", std::process::id()));
+        Region::create(&path, 0, pages).expect("region")
+    }
+
+    /// Writes event `i` (a 60-byte payload starting with `i`).
+    fn write(r: &Region, i: u32) {
+        let raw = r
+            .reserve(60, Clock::Counter, true, Writer::Foreign)
+            .expect("overwrite mode always has room");
+        // SAFETY: the reservation's payload is 60 writable bytes.
+        let p = unsafe { std::slice::from_raw_parts_mut(raw.payload, raw.len()) };
+        p[..4].copy_from_slice(&i.to_le_bytes());
+        r.commit(&raw);
+    }
+
+    fn write_until_page(r: &Region, next: &mut u32, page: u64) {
+        while r.pos() < page * D + 100 {
+            write(r, *next);
+            *next += 1;
+        }
+    }
+
+    /// Every event a non-consuming reader sees, from the reader's start.
+    fn visible(r: &Region) -> Vec<u32> {
+        let mut c = r.reader_start();
+        let mut out = Vec::new();
+        for _ in 0..100_000 {
+            match r.step(c.pos, c.ts) {
+                Step::Event {
+                    event,
+                    next_pos,
+                    next_ts,
+                } => {
+                    out.push(u32::from_le_bytes(event.1[..4].try_into().unwrap()));
+                    (c.pos, c.ts) = (next_pos, next_ts);
+                }
+                Step::Skip { next_pos, next_ts } => (c.pos, c.ts) = (next_pos, next_ts),
+                Step::Gone => (c.pos, c.ts) = ((c.pos / D + 1) * D, 0),
+                Step::Empty | Step::Busy => break,
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn read_page_swaps_out_a_complete_page_and_writers_go_around_it() {
+        let r = region("swap", 3);
+        let mut next = 0;
+        write_until_page(&r, &mut next, 1);
+        let slot0 = r.map_word(0).load(Ordering::SeqCst);
+        assert_eq!((map_phys(slot0), slot0 & MAP_SWAPPED), (0, 0));
+
+        let mut cur = r.reader_start();
+        let (page, entries) = r.read_page(&mut cur).expect("page 0 is complete");
+        let got: Vec<u32> = PageDecoder::new(&page)
+            .expect("a kernel page")
+            .map(|e| u32::from_le_bytes(e.data[..4].try_into().unwrap()))
+            .collect();
+        assert_eq!(got.len() as u64, entries);
+        assert_eq!(got, (0..entries as u32).collect::<Vec<_>>());
+
+        // The slot now holds the former spare (page 3), marked swapped; the
+        // reader owns page 0.
+        let slot0 = r.map_word(0).load(Ordering::SeqCst);
+        assert_eq!(map_phys(slot0), 3);
+        assert_ne!(slot0 & MAP_SWAPPED, 0);
+        assert_eq!(r.atomic(OFF_SPARE).load(Ordering::SeqCst), 0);
+        assert!(matches!(r.page_state(0), PageState::Gone));
+
+        // Non-consuming readers see only what is left, never the spare's
+        // stale bytes.
+        let rest = visible(&r);
+        assert_eq!(rest.first(), Some(&(entries as u32)));
+        assert!(rest.windows(2).all(|w| w[1] == w[0] + 1));
+
+        // Writers wrap around three more laps: they fill the spare, never
+        // the reader's page.
+        // SAFETY: page 0 lies in the mapping; nobody writes it now.
+        let before = unsafe { std::slice::from_raw_parts(r.phys_ptr(0), PAGE_SIZE) }.to_vec();
+        write_until_page(&r, &mut next, 12);
+        // SAFETY: as above.
+        let after = unsafe { std::slice::from_raw_parts(r.phys_ptr(0), PAGE_SIZE) };
+        assert_eq!(before, after, "a writer touched the swapped-out page");
+        let seen = visible(&r);
+        assert!(!seen.is_empty());
+        assert!(seen.windows(2).all(|w| w[1] == w[0] + 1), "{seen:?}");
+        assert_eq!(*seen.last().unwrap(), next - 1);
+    }
+
+    #[test]
+    fn swap_fails_once_a_writer_moved_the_slot_on() {
+        let r = region("swap-late", 2);
+        let mut next = 0;
+        // Into page 2: slot 0 now holds lap 1.
+        write_until_page(&r, &mut next, 2);
+        assert_eq!(r.swap_out(0), None);
+        assert!(
+            r.swap_out(1).is_some(),
+            "page 1 is complete and in its slot"
+        );
+        assert_eq!(r.swap_out(1), None, "already swapped");
     }
 }
