@@ -115,8 +115,16 @@ pub fn init() {
 }
 
 /// The current time of `clock` (see the module table for units).
-#[inline]
+#[inline(always)]
 pub fn now(clock: Clock) -> u64 {
+    if clock == Clock::Local {
+        return local();
+    }
+    now_other(clock)
+}
+
+#[inline(never)]
+fn now_other(clock: Clock) -> u64 {
     match clock {
         Clock::Local | Clock::Perf => local(),
         Clock::Global | Clock::Mono => gettime(libc::CLOCK_MONOTONIC),
@@ -129,7 +137,7 @@ pub fn now(clock: Clock) -> u64 {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn local() -> u64 {
     let mult = TSC_MULT.load(Ordering::Relaxed);
     if mult != 0 {
