@@ -9,6 +9,8 @@
 //! `ring_buffer_write_32b_2threads` (which adds `scaling`), `fprobe_entry`,
 //! `fprobe_entry_exit`, `fprobe_event_2args` and `eprobe_on_event`. The fprobe figures use
 //! an uninstrumented call of the same `#[inline(never)]` function as their baseline.
+//! `clock_local_read` is the default trace clock alone (a TSC read scaled to ns): every
+//! event write pays it, so it is the floor under `ring_buffer_write_32b` on this machine.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -177,6 +179,13 @@ fn ring_buffer(name: &str) -> Result<RingBuffer, String> {
         name: name.into(),
     })
     .map_err(|e| format!("ring buffer: {e}"))
+}
+
+#[inline(never)]
+fn clock_loop(n: u64) {
+    for _ in 0..n {
+        black_box(ustrace_ringbuf::clock::now(Clock::Local));
+    }
 }
 
 #[inline(never)]
@@ -394,6 +403,16 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             baseline_ns_per_op: baseline,
             // Throughput of two threads over one thread's: (1/two) / (1/one).
             extra: Some(("scaling", one / two)),
+        });
+    }
+
+    if wanted("clock_local_read") {
+        ustrace_ringbuf::clock::init();
+        figures.push(Figure {
+            name: "clock_local_read",
+            ns_per_op: time_per_op(n, reps, clock_loop),
+            baseline_ns_per_op: baseline,
+            extra: None,
         });
     }
 
