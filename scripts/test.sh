@@ -26,4 +26,16 @@ else
 fi
 
 export USTRACE_STRESS_SECS="${USTRACE_STRESS_SECS:-30}"
-cargo test --workspace --no-fail-fast "$@"
+# --show-output prints what passing tests wrote, so every "skipped: <why>" (and the stress
+# and differential summaries) reaches the log; the skips are listed again at the end.
+extra=(-- --show-output)
+for arg in "$@"; do [ "$arg" = "--" ] && extra=(); done
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --no-fail-fast "$@" "${extra[@]}" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+echo "== tests that skipped something (count, reason)"
+grep -ho "skipped: .*" "$log" | sort | uniq -c || echo "   none"
+exit "$status"
