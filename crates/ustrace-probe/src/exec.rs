@@ -112,6 +112,67 @@ pub struct Program {
     args: Box<[ArgDef]>,
     entry: Box<[u32]>,
     inventory: Option<Arc<Inventory>>,
+    /// When every argument is one plain load stored as is (`len=$arg2`,
+    /// `x=%di:u32`, `r=$retval`): the loads, so `run` skips the interpreter.
+    direct: Option<Box<[DirectArg]>>,
+}
+
+/// An argument that is one load stored as is (see `Program::direct`).
+#[derive(Debug, Clone, Copy)]
+struct DirectArg {
+    src: DirectSrc,
+    /// Offset of the field after the common header (probe header included).
+    at: usize,
+    size: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum DirectSrc {
+    Arg(usize),
+    Reg(&'static str),
+    RetVal,
+    Imm(u64),
+    StackP,
+}
+
+impl DirectArg {
+    /// The argument as a direct load, if it is one: a scalar (no array,
+    /// string or bitfield) whose code is exactly "load, store raw, end".
+    fn of(a: &ArgDef, header: usize) -> Option<DirectArg> {
+        if a.count != 0 || a.ty.is_string() {
+            return None;
+        }
+        let [load, Insn::StRaw(n), Insn::End] = a.code.as_slice() else {
+            return None;
+        };
+        if usize::from(*n) != a.ty.size() {
+            return None;
+        }
+        let src = match *load {
+            Insn::Arg(n) => DirectSrc::Arg(n as usize),
+            Insn::Reg(r) => DirectSrc::Reg(REGISTER_NAMES[r as usize]),
+            Insn::RetVal => DirectSrc::RetVal,
+            Insn::Imm(v) => DirectSrc::Imm(v),
+            Insn::StackP => DirectSrc::StackP,
+            _ => return None,
+        };
+        Some(DirectArg {
+            src,
+            at: header + a.offset,
+            size: a.ty.size(),
+        })
+    }
+
+    #[inline]
+    fn value(&self, ctx: &dyn FetchContext) -> Option<u64> {
+        Some(match self.src {
+            DirectSrc::Arg(n) => ctx.arg(n),
+            DirectSrc::Reg(name) => ctx.register(name)?,
+            DirectSrc::RetVal => ctx.return_value(),
+            DirectSrc::Imm(v) => v,
+            DirectSrc::StackP => ctx.stack_pointer(),
+        })
+    }
 }
 
 /// A value during a fetch: the number, and for in-process sources (comm,
@@ -131,20 +192,36 @@ impl ProbeDefinition {
             k if k.is_return() => 16,
             _ => 8,
         };
+        let fixed: usize = self.args.iter().map(ArgDef::fixed_size).sum();
+        let direct: Option<Vec<DirectArg>> =
+            self.args.iter().map(|a| DirectArg::of(a, header)).collect();
+        // Direct stores must tile the fixed area (then nothing needs zeroing).
+        let direct = direct.filter(|d| d.iter().map(|a| a.size).sum::<usize>() == fixed);
         Program {
             kind: self.kind,
             header,
-            fixed: self.args.iter().map(ArgDef::fixed_size).sum(),
+            fixed,
             args: self.args.clone().into_boxed_slice(),
             entry: self.entry_args.args.clone().into_boxed_slice(),
             inventory,
+            direct: direct.map(Vec::into_boxed_slice),
         }
     }
 }
 
+#[inline]
 fn le_store(dest: &mut [u8], v: u64) {
-    let n = dest.len().min(8);
-    dest[..n].copy_from_slice(&v.to_le_bytes()[..n]);
+    // The common sizes as fixed-width stores, not a memcpy call.
+    match dest.len() {
+        1 => dest[0] = v as u8,
+        2 => dest.copy_from_slice(&(v as u16).to_le_bytes()),
+        4 => dest.copy_from_slice(&(v as u32).to_le_bytes()),
+        8 => dest.copy_from_slice(&v.to_le_bytes()),
+        len => {
+            let n = len.min(8);
+            dest[..n].copy_from_slice(&v.to_le_bytes()[..n]);
+        }
+    }
 }
 
 fn le_load(src: &[u8]) -> u64 {
@@ -292,6 +369,9 @@ impl Program {
     /// Bytes of the record after the common header that [`Program::run`]
     /// needs for this hit (probe header + arguments + strings).
     pub fn record_size(&self, ctx: &dyn FetchContext) -> usize {
+        if self.direct.is_some() {
+            return self.header + self.fixed;
+        }
         let mut dynamic = 0;
         for a in self.args.iter().filter(|a| a.dynamic()) {
             dynamic += self.exec(a, ctx, None, None);
@@ -314,6 +394,14 @@ impl Program {
                 le_store(&mut out[8..16], ctx.return_ip());
             }
             _ => {}
+        }
+        if let Some(direct) = &self.direct {
+            for d in direct.iter() {
+                // A register that does not exist reads as 0, as the
+                // interpreter leaves an unfetched field.
+                le_store(&mut out[d.at..d.at + d.size], d.value(ctx).unwrap_or(0));
+            }
+            return fixed_end;
         }
         out[self.header..fixed_end].fill(0);
         let mut area = DynArea {
@@ -713,4 +801,87 @@ fn print_value(ty: FetchType, rec: &[u8], at: usize, inv: Option<&Inventory>, ou
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{parse_command, DynCommand, ProbeEnv};
+
+    struct Regs([u64; 6]);
+
+    struct RegsEnv;
+
+    impl ProbeEnv for RegsEnv {
+        fn fprobe_registers(&self) -> bool {
+            true
+        }
+    }
+
+    impl FetchContext for Regs {
+        fn arg(&self, n: usize) -> u64 {
+            self.0.get(n).copied().unwrap_or(0)
+        }
+        fn register(&self, name: &str) -> Option<u64> {
+            match name {
+                "di" => Some(self.0[0]),
+                "si" => Some(self.0[1]),
+                "dx" => Some(self.0[2]),
+                _ => None,
+            }
+        }
+        fn stack_pointer(&self) -> u64 {
+            0x7ffd_0000_1000
+        }
+        fn return_value(&self) -> u64 {
+            0xdead_beef_f00d
+        }
+        fn comm(&self) -> &[u8] {
+            b"t\0"
+        }
+        fn probe_ip(&self) -> u64 {
+            0x401000
+        }
+        fn return_ip(&self) -> u64 {
+            0x402000
+        }
+    }
+
+    /// The direct path writes exactly what the interpreter writes, for
+    /// every shape it takes, and is not taken for the others.
+    #[test]
+    fn direct_loads_match_the_interpreter() {
+        let ctx = Regs([0x1122_3344_5566_7788, u64::MAX - 5, 0x80, 3, 0xffff_ffff, 9]);
+        let cases = [
+            ("f:t/a f a=$arg1 b=$arg2", true),
+            (
+                "f:t/b f a=$arg1:u8 b=$arg2:s16 c=$arg3:x32 d=$arg6:s64",
+                true,
+            ),
+            ("f:t/c f%return r=$retval ret=$retval:u32", true),
+            (
+                "f:t/d f x=%di y=%si:u16 z=%ax:u64 imm=\\42:s32 sp=$stack",
+                true,
+            ),
+            ("f:t/e f s=+0($arg1):u32", false),
+            ("f:t/f f c=$comm", false),
+            ("f:t/g f b=$arg1:b3@2/32", false),
+        ];
+        for (line, direct) in cases {
+            let d = match parse_command(line, &RegsEnv) {
+                Ok(DynCommand::Create(d)) => d,
+                other => panic!("{line}: {other:?}"),
+            };
+            let fast = d.compile(None);
+            let codes: Vec<_> = d.args.iter().map(|a| (&a.code, a.ty, a.count)).collect();
+            assert_eq!(fast.direct.is_some(), direct, "{line}: {codes:?}");
+            let mut slow = fast.clone();
+            slow.direct = None;
+            let n = fast.record_size(&ctx);
+            assert_eq!(n, slow.record_size(&ctx), "{line}");
+            let (mut a, mut b) = (vec![0xAAu8; n], vec![0x55u8; n]);
+            assert_eq!(fast.run(&ctx, &mut a), slow.run(&ctx, &mut b), "{line}");
+            assert_eq!(a, b, "{line}");
+        }
+    }
 }

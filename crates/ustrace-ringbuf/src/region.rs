@@ -712,7 +712,9 @@ impl Region {
                         )
                     };
                     let p = write_data_header(bytes, size as usize, delta as u32);
-                    bytes[p + len..].fill(0);
+                    if p + len < bytes.len() {
+                        bytes[p + len..].fill(0);
+                    }
                     return Some(RawReservation::new(
                         // SAFETY: inside the reserved slot.
                         unsafe { bytes.as_mut_ptr().add(p) },
