@@ -132,7 +132,11 @@ fn outcome(code: u32) -> Outcome {
 }
 
 /// On CPU `cpu`, if `*foreign == 0` and the 16 bytes at `state` equal
-/// `old`, stores `new` there with one 16-byte store.
+/// `old`, stores `new` there with one 16-byte store (`movdqa`). One
+/// instruction is what makes it a single commit point: an interrupt or
+/// preemption lands before or after it, never inside. Readers on other
+/// CPUs load the two halves separately and need each 8-byte half whole,
+/// which an aligned store gives (and AVX CPUs make the whole 16 atomic).
 ///
 /// # Safety
 /// `area` is the calling thread's registered rseq area; `state` is 16-byte
@@ -176,7 +180,7 @@ pub(crate) unsafe fn store_state_if(
             "jne 9f",
             "cmpq {ohi}, 8({state})",
             "jne 9f",
-            "movdqu {x}, ({state})",
+            "movdqa {x}, ({state})",
             "5:",
             "xorl {code:e}, {code:e}",
             "jmp 2f",
