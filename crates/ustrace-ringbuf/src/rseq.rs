@@ -131,6 +131,53 @@ fn outcome(code: u32) -> Outcome {
     }
 }
 
+/// The opening of a restartable sequence, as one asm template: the
+/// `struct rseq_cs` descriptor (in the `__rseq_cs` section, 32-byte aligned
+/// as the kernel requires) covering labels 4 (start) to 5 (post-commit),
+/// abort at 6; arming `rseq->rseq_cs`; then, inside, the CPU check (to 7).
+/// Needs operands `area`, `cpu` and a scratch `tmp`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rseq_begin {
+    () => {
+        concat!(
+            ".pushsection __rseq_cs, \"aw\"\n",
+            ".balign 32\n",
+            "3:\n",
+            ".long 0, 0\n",
+            ".quad 4f, (5f - 4f), 6f\n",
+            ".popsection\n",
+            "leaq 3b(%rip), {tmp}\n",
+            "movq {tmp}, 8({area})\n",
+            "4:\n",
+            "cmpl {cpu:e}, 4({area})\n",
+            "jne 7f\n",
+        )
+    };
+}
+
+/// The close of a restartable sequence, right after its commit store:
+/// label 5, code 0 (done); glibc's x86 signature 0x53053053 in the 4 bytes
+/// before the abort label 6 (inside a `ud1`, so the bytes still decode as
+/// one instruction), code 4 (aborted); label 7, code 2 (wrong CPU). Ends
+/// with the wrong-CPU code set; the caller jumps or falls through to `2:`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rseq_end {
+    () => {
+        concat!(
+            "5:\n",
+            "xorl {code:e}, {code:e}\n",
+            "jmp 2f\n",
+            ".byte 0x0f, 0xb9, 0x3d\n",
+            ".long 0x53053053\n",
+            "6:\n",
+            "movl $4, {code:e}\n",
+            "jmp 2f\n",
+            "7:\n",
+            "movl $2, {code:e}\n",
+        )
+    };
+}
+
 /// On CPU `cpu`, if `*foreign == 0` and the 16 bytes at `state` equal
 /// `old`, stores `new` there with one 16-byte store (`movdqa`). One
 /// instruction is what makes it a single commit point: an interrupt or
@@ -152,28 +199,15 @@ pub(crate) unsafe fn store_state_if(
     new: [u64; 2],
 ) -> Outcome {
     let code: u32;
-    // SAFETY: the caller guarantees the pointers. The descriptor goes into
-    // the `__rseq_cs` section (32-byte aligned, as struct rseq_cs requires);
-    // the 4 bytes before the abort label are glibc's x86 signature
-    // 0x53053053, embedded in a `ud1` so the bytes still decode as one
-    // instruction. The abort and exit paths lie outside [start, post), and
-    // the store at the end of the range is the only write.
+    // SAFETY: the caller guarantees the pointers. The abort and exit paths
+    // lie outside [start, post) (see `rseq_begin`/`rseq_end`), and the
+    // store at the end of the range is the only write.
     unsafe {
         core::arch::asm!(
-            ".pushsection __rseq_cs, \"aw\"",
-            ".balign 32",
-            "3:",
-            ".long 0, 0",
-            ".quad 4f, (5f - 4f), 6f",
-            ".popsection",
             "movq {nlo}, {x}",
             "movq {nhi}, {y}",
             "punpcklqdq {y}, {x}",
-            "leaq 3b(%rip), {tmp}",
-            "movq {tmp}, 8({area})",
-            "4:",
-            "cmpl {cpu:e}, 4({area})",
-            "jne 7f",
+            rseq_begin!(),
             "cmpq $0, ({foreign})",
             "jne 8f",
             "cmpq {olo}, ({state})",
@@ -181,16 +215,7 @@ pub(crate) unsafe fn store_state_if(
             "cmpq {ohi}, 8({state})",
             "jne 9f",
             "movdqa {x}, ({state})",
-            "5:",
-            "xorl {code:e}, {code:e}",
-            "jmp 2f",
-            ".byte 0x0f, 0xb9, 0x3d",
-            ".long 0x53053053",
-            "6:",
-            "movl $4, {code:e}",
-            "jmp 2f",
-            "7:",
-            "movl $2, {code:e}",
+            rseq_end!(),
             "jmp 2f",
             "8:",
             "movl $3, {code:e}",
@@ -229,30 +254,11 @@ pub(crate) unsafe fn add_on_cpu(area: *mut u8, cpu: u32, word: *mut u64, add: u6
     // SAFETY: as in `store_state_if`; the final `movq` to the word is the commit.
     unsafe {
         core::arch::asm!(
-            ".pushsection __rseq_cs, \"aw\"",
-            ".balign 32",
-            "3:",
-            ".long 0, 0",
-            ".quad 4f, (5f - 4f), 6f",
-            ".popsection",
-            "leaq 3b(%rip), {tmp}",
-            "movq {tmp}, 8({area})",
-            "4:",
-            "cmpl {cpu:e}, 4({area})",
-            "jne 7f",
+            rseq_begin!(),
             "movq ({word}), {tmp}",
             "addq {add}, {tmp}",
             "movq {tmp}, ({word})",
-            "5:",
-            "xorl {code:e}, {code:e}",
-            "jmp 2f",
-            ".byte 0x0f, 0xb9, 0x3d",
-            ".long 0x53053053",
-            "6:",
-            "movl $4, {code:e}",
-            "jmp 2f",
-            "7:",
-            "movl $2, {code:e}",
+            rseq_end!(),
             "2:",
             area = in(reg) area,
             cpu = in(reg) cpu,
