@@ -118,10 +118,10 @@ pub fn compile(
         return Err(FilterError::bare(EINVAL));
     }
     let steps = build_steps(text, nr_parens, nr_preds, fields, env)?;
-    Ok(Program {
-        text: String::from_utf8_lossy(text).into_owned(),
-        steps: steps.into_boxed_slice(),
-    })
+    Ok(Program::new(
+        String::from_utf8_lossy(text).into_owned(),
+        steps.into_boxed_slice(),
+    ))
 }
 
 #[inline]

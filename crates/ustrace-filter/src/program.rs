@@ -215,6 +215,24 @@ pub(crate) struct Step {
 pub struct Program {
     pub(crate) text: String,
     pub(crate) steps: Box<[Step]>,
+    /// The same steps when every predicate is an integer range test (the
+    /// common numeric filter), for a loop without per-step dispatch.
+    ranges: Option<Ranges>,
+}
+
+/// An all-integer program: its steps, and the record length from which
+/// every field's 8-byte load is in bounds.
+#[derive(Debug, Clone)]
+struct Ranges {
+    steps: Box<[RangeStep]>,
+    min_len: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RangeStep {
+    range: IntRange,
+    branch_when: bool,
+    target: u32,
 }
 
 #[inline]
@@ -399,15 +417,70 @@ fn cmp_op(op: NumOp, ord: std::cmp::Ordering) -> bool {
 }
 
 impl Program {
+    pub(crate) fn new(text: String, steps: Box<[Step]>) -> Program {
+        let ranges: Option<Box<[RangeStep]>> = steps
+            .iter()
+            .map(|s| match s.pred {
+                Pred::Range(range) => Some(RangeStep {
+                    range,
+                    branch_when: s.branch_when,
+                    target: s.target,
+                }),
+                _ => None,
+            })
+            .collect();
+        // The fast loop reads fields as little-endian words, like `load`.
+        let ranges = ranges.filter(|_| cfg!(target_endian = "little"));
+        let ranges = ranges.map(|steps| Ranges {
+            min_len: steps
+                .iter()
+                .map(|s| s.range.offset as usize + 8)
+                .max()
+                .unwrap_or(0),
+            steps,
+        });
+        Program {
+            text,
+            steps,
+            ranges,
+        }
+    }
+
     /// Whether the event record passes the filter. No allocation, lock or
     /// syscall (a `char *` predicate calls `ctx.read_str`, which must not
     /// either). Fields that lie outside `record` make their predicate false.
     #[inline]
     pub fn matches(&self, record: &[u8], ctx: &Context<'_>) -> bool {
+        if let Some(r) = &self.ranges {
+            if record.len() >= r.min_len {
+                return Self::matches_ranges(&r.steps, record);
+            }
+        }
         let steps = &self.steps[..];
         let mut i = 0usize;
         while let Some(step) = steps.get(i) {
             if step.pred.eval(record, ctx) == step.branch_when {
+                i = step.target as usize;
+            }
+            i += 1;
+        }
+        i == steps.len()
+    }
+
+    /// `matches` for an all-integer program on a record long enough for
+    /// every field's 8-byte load: the same walk, without dispatch on the
+    /// predicate kind or a length check per load.
+    #[inline]
+    fn matches_ranges(steps: &[RangeStep], record: &[u8]) -> bool {
+        let mut i = 0usize;
+        while let Some(step) = steps.get(i) {
+            let r = &step.range;
+            let off = r.offset as usize;
+            // In bounds: record.len() >= every offset + 8 (checked by the caller).
+            let raw = u64::from_le_bytes(record[off..off + 8].try_into().unwrap_or([0; 8]));
+            let v = ((raw & r.mask) ^ r.sign_bit).wrapping_sub(r.sign_bit);
+            let hit = (v.wrapping_sub(r.lo_raw) <= r.span) ^ r.negate;
+            if hit == step.branch_when {
                 i = step.target as usize;
             }
             i += 1;

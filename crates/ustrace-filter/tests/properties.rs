@@ -57,6 +57,9 @@ impl Expr {
         match self {
             Expr::Pred { field, op, val } => {
                 let (_, off, size, signed) = INT_FIELDS[*field];
+                if rec.len() < off + size as usize {
+                    return false; // a field outside the record never matches
+                }
                 let mut raw = [0u8; 8];
                 raw[..size as usize].copy_from_slice(&rec[off..off + size as usize]);
                 let bits = 8 * u32::from(size);
@@ -127,6 +130,46 @@ fn expr() -> impl Strategy<Value = Expr> {
             (inner.clone(), inner).prop_map(|(a, b)| Expr::Or(Box::new(a), Box::new(b))),
         ]
     })
+}
+
+/// Integer comparisons only (no `CPU`, no `&`), with small constants: the
+/// programs that take `Program`'s all-integer loop.
+fn int_expr() -> impl Strategy<Value = Expr> {
+    let op = prop::sample::select(vec!["==", "!=", "<", "<=", ">", ">="]);
+    let leaf = (0usize..INT_FIELDS.len(), op, -3i64..6).prop_map(|(field, op, val)| {
+        let (_, _, _, signed) = INT_FIELDS[field];
+        Expr::Pred {
+            field,
+            op,
+            val: if signed { val } else { val.rem_euclid(6) },
+        }
+    });
+    leaf.prop_recursive(4, 16, 2, |inner| {
+        prop_oneof![
+            inner.clone().prop_map(|e| Expr::Not(Box::new(e))),
+            (inner.clone(), inner.clone()).prop_map(|(a, b)| Expr::And(Box::new(a), Box::new(b))),
+            (inner.clone(), inner).prop_map(|(a, b)| Expr::Or(Box::new(a), Box::new(b))),
+        ]
+    })
+}
+
+/// A record whose integer fields hold small values (so comparisons with
+/// `int_expr`'s constants land on their boundaries), at a length that is
+/// sometimes too short for an 8-byte load of the last field.
+fn small_record() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop::collection::vec(-3i64..6, INT_FIELDS.len()),
+        9usize..40,
+    )
+        .prop_map(|(vals, len)| {
+            let mut r = vec![0u8; len.max(16)];
+            for ((_, off, size, _), v) in INT_FIELDS.iter().zip(vals) {
+                let bytes = v.to_le_bytes();
+                r[*off..*off + *size as usize].copy_from_slice(&bytes[..*size as usize]);
+            }
+            r.truncate(len);
+            r
+        })
 }
 
 /// A record that often hits the constants the leaves use.
@@ -202,6 +245,14 @@ proptest! {
         let bare = render_bare(&e);
         let q = compile(&bare, &SYS_ENTER, &env()).unwrap();
         prop_assert_eq!(q.matches(&rec, &c), e.eval(&rec, cpu), "{}", bare);
+    }
+
+    #[test]
+    fn integer_programs_match_reference(e in int_expr(), rec in small_record()) {
+        let c = Context { cpu: 0, comm: b"x", read_str: None };
+        let text = render_bare(&e);
+        let p = compile(&text, &SYS_ENTER, &env()).unwrap();
+        prop_assert_eq!(p.matches(&rec, &c), e.eval(&rec, 0), "{} on {:?}", text, rec);
     }
 
     #[test]
