@@ -820,7 +820,10 @@ impl RingBuffer {
     /// Blocks until a CPU buffer (or any, for `None`) has an event to
     /// consume (`true`) or the timeout passes (`false`). Writers pay one
     /// relaxed load per event for this; the first commit after a reader
-    /// started waiting makes one futex wake.
+    /// started waiting makes one futex wake. Owner writers commit with a
+    /// plain store and no fence before that load; the reader supplies the
+    /// fence for them with one `membarrier` each time it goes to sleep
+    /// (see `rseq::barrier_writers`), and re-checks every 100 ms anyway.
     pub fn wait(&self, cpu: Option<usize>, timeout: Option<Duration>) -> bool {
         let hdr = self.root.header();
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -832,6 +835,9 @@ impl RingBuffer {
                 WAKE_ON_PAGE
             };
             hdr.wake_armed.swap(mode, Ordering::SeqCst);
+            if rseq::enabled() {
+                rseq::barrier_writers();
+            }
             if self.has_data(&self.lock(), cpu) {
                 return true;
             }

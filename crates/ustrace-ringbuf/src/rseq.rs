@@ -65,6 +65,8 @@ const MODE_ON: u8 = 1;
 const MODE_OFF: u8 = 2;
 static MODE: AtomicU8 = AtomicU8::new(MODE_UNKNOWN);
 
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 7;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 8;
 
@@ -92,7 +94,8 @@ pub(crate) fn init() {
     let on = cfg!(target_arch = "x86_64")
         && wanted
         && crate::cpu::rseq_here().is_some()
-        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0;
+        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
+        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
     let _ = MODE.compare_exchange(
         MODE_UNKNOWN,
         if on { MODE_ON } else { MODE_OFF },
@@ -119,6 +122,19 @@ pub(crate) fn fence_owners() -> bool {
     }
     membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
         && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0
+}
+
+/// A full memory barrier on every CPU running a thread of this process.
+/// A reader about to sleep calls it between arming its wake flag and
+/// looking for data: owner writers commit with plain stores and then load
+/// the flag with no fence between, and this puts the fence there for them
+/// (either their commit is visible to the reader's look, or their load
+/// sees the flag). `false` if the kernel refused (then the reader's
+/// periodic re-check covers the race).
+pub(crate) fn barrier_writers() -> bool {
+    membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0
+        || (membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0
+            && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0)
 }
 
 fn outcome(code: u32) -> Outcome {
