@@ -215,6 +215,7 @@ impl EventFile {
 
     /// Runs conditional triggers on `record`; says whether the record is kept (not
     /// soft-disabled, passes the filter) and which triggers fired.
+    #[inline]
     fn decide(&self, flags: u32, record: &[u8]) -> (bool, u64) {
         let fired = if flags & flag::TRIGGER_COND != 0 {
             crate::trigger::evaluate(self, Some(record))

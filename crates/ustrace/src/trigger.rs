@@ -261,10 +261,16 @@ fn wants_to_fire(file: &EventFile, t: &Registered) -> bool {
 }
 
 /// Runs the actions of the triggers `fired` selected.
+#[inline]
 pub(crate) fn run_actions(file: &EventFile, fired: u64) {
-    if fired == 0 {
-        return;
+    // Nearly always nothing fired: no call for that.
+    if fired != 0 {
+        run_fired_actions(file, fired);
     }
+}
+
+#[inline(never)]
+fn run_fired_actions(file: &EventFile, fired: u64) {
     let guard = crate::rcu::read_lock();
     let Some(triggers) = file.triggers.get(&guard) else {
         return;
