@@ -169,11 +169,12 @@ struct CpuSlot {
 #[derive(Default)]
 struct ReaderCpu {
     regions: Vec<(Arc<Region>, RegionCursor)>,
-    /// Counters of regions already drained and retired, except their
-    /// refusals (dropped, commit overrun), which are read from `retired`:
-    /// a writer that picked a region just before it was closed may still
-    /// count a refusal on it after it was retired.
-    carried: RegionStats,
+    /// Regions already drained and retired. Their counters are read live,
+    /// not snapshotted at retirement: a writer that picked a region just
+    /// before it was closed may still count a refusal on it afterwards, or
+    /// finish moving a page slot on (which shifts its entries from the
+    /// page words to the retired count). Their sum settles once such late
+    /// writers are done.
     retired: Vec<Arc<Region>>,
 }
 
@@ -265,7 +266,6 @@ impl RingBuffer {
             control.keep.push(r.clone());
             control.cpus.push(ReaderCpu {
                 regions: vec![(r, cursor)],
-                carried: RegionStats::default(),
                 retired: Vec::new(),
             });
         }
@@ -489,7 +489,6 @@ impl RingBuffer {
         let cursor = region.reader_start();
         ctl.cpus[cpu] = ReaderCpu {
             regions: vec![(region, cursor)],
-            carried: RegionStats::default(),
             retired: Vec::new(),
         };
         self.publish_names(&ctl, cpu);
@@ -554,18 +553,14 @@ impl RingBuffer {
         Ok(())
     }
 
-    /// Drops closed regions that are fully read and have no writer in
-    /// flight, carrying their counters.
+    /// Moves closed regions that are fully read and have no write in flight
+    /// off the readers' list (their counters still count, see `retired`).
     fn retire_drained(rc: &mut ReaderCpu) {
         while rc.regions.len() > 1 {
             let (r, _) = &rc.regions[0];
             if !(r.is_closed() && r.quiescent() && r.read_pos() >= r.pos()) {
                 break;
             }
-            let s = r.stats();
-            rc.carried.committed += s.committed;
-            rc.carried.overrun += s.overrun;
-            rc.carried.read += s.read;
             r.mapping().unlink();
             let (r, _) = rc.regions.remove(0);
             rc.retired.push(r);
@@ -636,21 +631,21 @@ impl RingBuffer {
         let Some(rc) = ctl.cpus.get(cpu) else {
             return CpuStats::default();
         };
-        let mut t = rc.carried;
-        for r in &rc.retired {
-            let s = r.stats();
-            t.dropped += s.dropped;
-            t.commit_overrun += s.commit_overrun;
-        }
-        let mut bytes = 0;
-        let mut oldest = None;
-        for (r, _) in &rc.regions {
-            let s = r.stats();
+        let mut t = RegionStats::default();
+        let add = |t: &mut RegionStats, s: RegionStats| {
             t.committed += s.committed;
             t.overrun += s.overrun;
             t.dropped += s.dropped;
             t.commit_overrun += s.commit_overrun;
             t.read += s.read;
+        };
+        for r in &rc.retired {
+            add(&mut t, r.stats());
+        }
+        let mut bytes = 0;
+        let mut oldest = None;
+        for (r, _) in &rc.regions {
+            add(&mut t, r.stats());
             let (b, o) = r.unread_bytes_and_oldest();
             bytes += b;
             if oldest.is_none() {
