@@ -372,23 +372,20 @@ impl RingBuffer {
     /// writer otherwise.
     #[inline(always)]
     fn writer_here(&self) -> (usize, Writer) {
-        if rseq::enabled() {
-            if let Some((area, cpu)) = cpu::rseq_here() {
-                if (cpu as usize) < self.nr_cpus {
-                    return (cpu as usize, Writer::Owner { area, cpu });
-                }
-                return (cpu as usize % self.nr_cpus, Writer::Foreign);
+        let here = if rseq::enabled() {
+            cpu::rseq_here()
+        } else {
+            None
+        };
+        match here {
+            Some((area, cpu)) if (cpu as usize) < self.nr_cpus => {
+                (cpu as usize, Writer::Owner { area, cpu })
+            }
+            _ => {
+                let cpu = here.map_or_else(cpu::current_cpu, |(_, cpu)| cpu as usize);
+                (cpu % self.nr_cpus, Writer::Foreign)
             }
         }
-        let cpu = cpu::current_cpu();
-        (
-            if cpu < self.nr_cpus {
-                cpu
-            } else {
-                cpu % self.nr_cpus
-            },
-            Writer::Foreign,
-        )
     }
 
     /// Records `data` as one event (reserve, copy, commit).

@@ -127,6 +127,11 @@ fn map_entry(phys: usize, tag: u64) -> u64 {
     phys as u64 | (tag & MAP_TAG_MASK) << MAP_TAG_SHIFT
 }
 
+/// `Region::page_hint`: `valid:1 | seq:23 | slot:20 | phys:20`.
+const HINT_VALID: u64 = 1 << 63;
+const HINT_SEQ_MASK: u64 = (1 << 23) - 1;
+const HINT_INDEX_MASK: u64 = (1 << 20) - 1;
+
 const WORD_BYTES_BITS: u32 = 12;
 const WORD_ENTRIES_BITS: u32 = 12;
 const WORD_TAG_SHIFT: u32 = WORD_BYTES_BITS + WORD_ENTRIES_BITS;
@@ -200,11 +205,11 @@ enum StateStore {
 }
 
 /// A reserved slot, between `reserve` and `commit`/`discard`.
-#[derive(Debug, Clone, Copy)]
 ///
 /// Two words, so that it travels in registers through the inlined write
 /// path: the payload pointer and `slot:32 | total:12 | len:12 | extend:1 |
 /// entered:1`. Everything else a discard needs is in the slot itself.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct RawReservation {
     pub(crate) payload: *mut u8,
     meta: u64,
@@ -572,12 +577,12 @@ impl Region {
     /// division or a look at the slot map.
     #[inline(always)]
     fn current_page(&self, seq: u64) -> (usize, usize) {
-        const VALID: u64 = 1 << 63;
-        const SEQ_MASK: u64 = (1 << 23) - 1;
-        const IDX_MASK: u64 = (1 << 20) - 1;
         let h = self.page_hint.load(Ordering::Relaxed);
-        if h & VALID != 0 && (h >> 40) & SEQ_MASK == seq & SEQ_MASK {
-            return (((h >> 20) & IDX_MASK) as usize, (h & IDX_MASK) as usize);
+        if h & HINT_VALID != 0 && (h >> 40) & HINT_SEQ_MASK == seq & HINT_SEQ_MASK {
+            return (
+                ((h >> 20) & HINT_INDEX_MASK) as usize,
+                (h & HINT_INDEX_MASK) as usize,
+            );
         }
         self.current_page_slow(seq)
     }
@@ -586,9 +591,9 @@ impl Region {
     fn current_page_slow(&self, seq: u64) -> (usize, usize) {
         let slot = self.slot_of(seq);
         let phys = map_phys(self.map_word(slot).load(Ordering::Acquire));
-        if self.nr_pages < 1 << 20 {
+        if (self.nr_pages as u64) < HINT_INDEX_MASK {
             self.page_hint.store(
-                1 << 63 | (seq & ((1 << 23) - 1)) << 40 | (slot as u64) << 20 | phys as u64,
+                HINT_VALID | (seq & HINT_SEQ_MASK) << 40 | (slot as u64) << 20 | phys as u64,
                 Ordering::Relaxed,
             );
         }
@@ -599,6 +604,19 @@ impl Region {
     #[inline(always)]
     fn map_word(&self, slot: usize) -> &AtomicU64 {
         self.atomic(self.map_off + slot * 8)
+    }
+
+    /// Page `seq`'s lap as the slot map records it.
+    fn map_lap(&self, seq: u64) -> u64 {
+        (seq / self.nr_pages as u64 + 1) & MAP_TAG_MASK
+    }
+
+    /// Page `s`'s slot map word, the entry it holds now, and whether that
+    /// entry still maps page `s` (its lap, not swapped out by the reader).
+    fn map_of(&self, s: u64) -> (&AtomicU64, u64, bool) {
+        let mw = self.map_word(self.slot_of(s));
+        let m = mw.load(Ordering::SeqCst);
+        (mw, m, map_tag(m) == self.map_lap(s) && m & MAP_SWAPPED == 0)
     }
 
     /// The word only owner sequences add to (plain stores, see `rseq.rs`).
@@ -613,21 +631,14 @@ impl Region {
         self.atomic(self.words_off + slot * WORD_STRIDE + 8)
     }
 
-    fn local_word(&self, seq: u64) -> &AtomicU64 {
-        self.local_word_at(self.slot_of(seq))
-    }
-
-    fn remote_word(&self, seq: u64) -> &AtomicU64 {
-        self.remote_word_at(self.slot_of(seq))
-    }
-
     /// The page's commit state: both words summed when they are of one lap;
     /// while a writer is moving the slot to a new lap (one word moved, the
     /// other not yet), the newer lap with nothing committed.
     #[inline]
     fn load_word(&self, seq: u64) -> u64 {
-        let l = self.local_word(seq).load(Ordering::SeqCst);
-        let r = self.remote_word(seq).load(Ordering::SeqCst);
+        let slot = self.slot_of(seq);
+        let l = self.local_word_at(slot).load(Ordering::SeqCst);
+        let r = self.remote_word_at(slot).load(Ordering::SeqCst);
         combine_words(l, r)
     }
 
@@ -847,7 +858,8 @@ impl Region {
         let n = self.nr_pages as u64;
         let tag = e / n + 1;
         let fresh = tag << WORD_TAG_SHIFT;
-        let (lw, rw) = (self.local_word(e), self.remote_word(e));
+        let slot = self.slot_of(e);
+        let (lw, rw) = (self.local_word_at(slot), self.remote_word_at(slot));
         let l = lw.load(Ordering::SeqCst);
         let r = rw.load(Ordering::SeqCst);
         if word_tag(l) > tag || self.is_closed() {
@@ -858,7 +870,7 @@ impl Region {
             if word_tag(r) < tag {
                 let _ = rw.compare_exchange(r, fresh, Ordering::SeqCst, Ordering::SeqCst);
             }
-            return Ok(self.move_map(e));
+            return Ok(self.move_map(slot, e));
         }
         let w = combine_words(l, r);
         if e >= n {
@@ -884,18 +896,18 @@ impl Region {
                 .fetch_add(word_entries(w), Ordering::Relaxed);
         }
         let _ = rw.compare_exchange(r, fresh, Ordering::SeqCst, Ordering::SeqCst);
-        Ok(self.move_map(e))
+        Ok(self.move_map(slot, e))
     }
 
     /// Moves page `e`'s slot map entry to `e`'s lap, keeping its physical
     /// page — which is the consuming reader's former spare if it swapped
     /// the previous lap's page out first; after this, it cannot. `false`:
     /// the entry is neither of the previous lap nor of `e`'s (stale view).
-    fn move_map(&self, e: u64) -> bool {
+    fn move_map(&self, slot: usize, e: u64) -> bool {
         let n = self.nr_pages as u64;
-        let tag = (e / n + 1) & MAP_TAG_MASK;
-        let prev = if e >= n { (e / n) & MAP_TAG_MASK } else { 0 };
-        let mw = self.map_word(self.slot_of(e));
+        let tag = self.map_lap(e);
+        let prev = if e >= n { self.map_lap(e - n) } else { 0 };
+        let mw = self.map_word(slot);
         let mut m = mw.load(Ordering::SeqCst);
         loop {
             if map_tag(m) == tag {
@@ -936,10 +948,8 @@ impl Region {
     /// as it likes, since no writer can reach it any more. Fails (`None`)
     /// when a writer already moved the slot on to its next lap.
     fn swap_out(&self, s: u64) -> Option<usize> {
-        let n = self.nr_pages as u64;
-        let mw = self.map_word(self.slot_of(s));
-        let m = mw.load(Ordering::SeqCst);
-        if map_tag(m) != (s / n + 1) & MAP_TAG_MASK || m & MAP_SWAPPED != 0 {
+        let (mw, m, mapped) = self.map_of(s);
+        if !mapped {
             return None;
         }
         let spare = self.atomic(OFF_SPARE).load(Ordering::Relaxed) as usize;
@@ -1126,11 +1136,11 @@ impl Region {
 
     /// Empties a closed, quiescent region and reopens it.
     pub(crate) fn reinit(&self) {
-        for i in 0..self.nr_pages as u64 {
-            self.local_word(i).store(0, Ordering::Relaxed);
-            self.remote_word(i).store(0, Ordering::Relaxed);
-            let m = self.map_word(i as usize).load(Ordering::Relaxed);
-            self.map_word(i as usize)
+        for slot in 0..self.nr_pages {
+            self.local_word_at(slot).store(0, Ordering::Relaxed);
+            self.remote_word_at(slot).store(0, Ordering::Relaxed);
+            let m = self.map_word(slot).load(Ordering::Relaxed);
+            self.map_word(slot)
                 .store(map_entry(map_phys(m), 0), Ordering::Relaxed);
         }
         self.page_hint.store(0, Ordering::Relaxed);
@@ -1207,9 +1217,8 @@ impl Region {
             }
             let w = self.load_word(s);
             if p1 >= (s + 1) * D {
-                let m = self.map_word(self.slot_of(s)).load(Ordering::SeqCst);
-                let map_here = map_tag(m) == tag & MAP_TAG_MASK;
-                return if word_tag(w) > tag || !map_here || m & MAP_SWAPPED != 0 {
+                let (_, _, mapped) = self.map_of(s);
+                return if word_tag(w) > tag || !mapped {
                     // Reused, or swapped out by the consuming page reader.
                     PageState::Gone
                 } else if word_tag(w) == tag && word_bytes(w) == D {
@@ -1234,10 +1243,8 @@ impl Region {
     /// Copies page `s` into `buf` and checks no writer started reusing it,
     /// and the consuming reader did not swap it out, meanwhile.
     fn copy_page(&self, s: u64, buf: &mut [u8; PAGE_SIZE]) -> bool {
-        let n = self.nr_pages as u64;
-        let mw = self.map_word(self.slot_of(s));
-        let m = mw.load(Ordering::SeqCst);
-        if map_tag(m) != (s / n + 1) & MAP_TAG_MASK || m & MAP_SWAPPED != 0 {
+        let (mw, m, mapped) = self.map_of(s);
+        if !mapped {
             return false;
         }
         // SAFETY: the page lies inside the mapping. Writers may be storing
@@ -1248,7 +1255,7 @@ impl Region {
             std::ptr::copy_nonoverlapping(self.phys_ptr(map_phys(m)), buf.as_mut_ptr(), PAGE_SIZE)
         };
         fence(Ordering::Acquire);
-        self.pos() <= (s + n) * D && mw.load(Ordering::SeqCst) == m
+        self.pos() <= (s + self.nr_pages as u64) * D && mw.load(Ordering::SeqCst) == m
     }
 
     /// Reads one step at position `pos`, `ts_hint` being the time at `pos`

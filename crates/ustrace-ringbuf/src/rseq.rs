@@ -117,11 +117,16 @@ pub(crate) fn enabled() -> bool {
 /// `fork`, in the child: registration is per address space); it is
 /// retried once after registering again.
 pub(crate) fn fence_owners() -> bool {
-    if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0 {
-        return true;
-    }
-    membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
-        && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0
+    membarrier_registered(
+        MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ,
+        MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ,
+    )
+}
+
+/// Runs membarrier `cmd`; if the kernel refuses it, registers with
+/// `register` (a fork child starts unregistered) and tries once more.
+fn membarrier_registered(cmd: libc::c_long, register: libc::c_long) -> bool {
+    membarrier(cmd) == 0 || (membarrier(register) == 0 && membarrier(cmd) == 0)
 }
 
 /// A full memory barrier on every CPU running a thread of this process.
@@ -132,9 +137,10 @@ pub(crate) fn fence_owners() -> bool {
 /// sees the flag). `false` if the kernel refused (then the reader's
 /// periodic re-check covers the race).
 pub(crate) fn barrier_writers() -> bool {
-    membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0
-        || (membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0
-            && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0)
+    membarrier_registered(
+        MEMBARRIER_CMD_PRIVATE_EXPEDITED,
+        MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+    )
 }
 
 fn outcome(code: u32) -> Outcome {
