@@ -11,13 +11,11 @@
 //! `canonical()`. Known, explained disagreements are listed in `EXPLAINED`.
 
 use std::fs::{self, OpenOptions};
-use std::io::Write;
 
 mod common;
 
-use ustrace_probe::{parse_command, DynCommand, NoEnv};
-
-const TRACEFS: &str = "/sys/kernel/tracing";
+use common::TRACEFS;
+use ustrace_probe::NoEnv;
 const GROUP: &str = "ustrace_probe_diff";
 
 /// Argument lists (after the probe point) and whole-line variations.
@@ -139,131 +137,6 @@ fn cases() -> Vec<String> {
 /// Disagreements we understand, by the argument text that triggers them.
 const EXPLAINED: &[(&str, &str)] = &[];
 
-#[derive(Debug, PartialEq)]
-enum Outcome {
-    Accepted(String),
-    Rejected {
-        errno: i32,
-        message: String,
-        caret: Option<usize>,
-    },
-}
-
-fn kernel_outcome(line: &str) -> Outcome {
-    let mut f = OpenOptions::new()
-        .append(true)
-        .open(format!("{TRACEFS}/uprobe_events"))
-        .expect("open uprobe_events");
-    let before = fs::read_to_string(format!("{TRACEFS}/uprobe_events")).unwrap_or_default();
-    match f.write_all(format!("{line}\n").as_bytes()) {
-        Ok(()) => {
-            let listing =
-                fs::read_to_string(format!("{TRACEFS}/uprobe_events")).unwrap_or_default();
-            let created: Vec<&str> = listing
-                .lines()
-                .filter(|l| !before.lines().any(|b| b == *l))
-                .collect();
-            let mut format = String::new();
-            if let Some(l) = created.first() {
-                let name = l.split_whitespace().next().unwrap_or("");
-                let ev = name.split_once(':').map_or("", |x| x.1);
-                format =
-                    fs::read_to_string(format!("{TRACEFS}/events/{ev}/format")).unwrap_or_default();
-            }
-            // Remove exactly what this write created.
-            for l in &created {
-                let name = l.split_whitespace().next().unwrap_or("");
-                let ev = name.split_once(':').map_or("", |x| x.1);
-                let mut g = OpenOptions::new()
-                    .append(true)
-                    .open(format!("{TRACEFS}/uprobe_events"))
-                    .expect("open uprobe_events");
-                g.write_all(format!("-:{ev}\n").as_bytes())
-                    .expect("remove the event just created");
-            }
-            Outcome::Accepted(format!(
-                "{}\n{}",
-                created.first().copied().unwrap_or(""),
-                format_tail(&format)
-            ))
-        }
-        Err(e) => {
-            let errno = e.raw_os_error().unwrap_or(0);
-            let log = fs::read_to_string(format!("{TRACEFS}/error_log")).unwrap_or_default();
-            let lines: Vec<&str> = log.lines().collect();
-            let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
-            let mut message = String::new();
-            let mut caret = None;
-            if lines.len() >= 3 {
-                let n = lines.len();
-                if lines[n - 2] == format!("  Command: {command}") {
-                    let m = lines[n - 3];
-                    if let Some(p) = m.find("error: ") {
-                        message = m[p + 7..].to_owned();
-                    }
-                    caret = lines[n - 1].find('^').map(|c| c - "  Command: ".len());
-                }
-            }
-            Outcome::Rejected {
-                errno,
-                message,
-                caret,
-            }
-        }
-    }
-}
-
-/// The probe's own fields and print fmt from a kernel `format` file (after
-/// the common fields' blank line).
-fn format_tail(format: &str) -> String {
-    let mut out = String::new();
-    let mut past_common = false;
-    for l in format.lines() {
-        if l.is_empty() && !past_common {
-            past_common = true;
-            continue;
-        }
-        if past_common {
-            out.push_str(l);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-fn our_outcome(line: &str) -> Outcome {
-    match parse_command(line, &NoEnv) {
-        Ok(DynCommand::Create(d)) => {
-            let p = d.compile(None);
-            let mut tail = String::new();
-            for f in p.fields() {
-                // The kernel's format file prints a probe array field as
-                // `u8 x[]`: its type string is `u8[4]` but the field has no
-                // recorded length, so `f_show` writes empty brackets.
-                let (base, dims) = match (f.c_type.starts_with("__data_loc"), f.c_type.find('[')) {
-                    (false, Some(b)) => (&f.c_type[..b], "[]"),
-                    _ => (&f.c_type[..], ""),
-                };
-                tail.push_str(&format!(
-                    "\tfield:{base} {}{dims};\toffset:{};\tsize:{};\tsigned:{};\n",
-                    f.name,
-                    f.offset,
-                    f.size,
-                    u8::from(f.signed)
-                ));
-            }
-            tail.push_str(&format!("\nprint fmt: {}\n", p.print_fmt()));
-            Outcome::Accepted(format!("{}\n{tail}", d.canonical()))
-        }
-        Ok(other) => Outcome::Accepted(format!("{other:?}")),
-        Err(e) => Outcome::Rejected {
-            errno: e.errno.code(),
-            message: e.message().to_owned(),
-            caret: e.id.map(|_| e.caret()),
-        },
-    }
-}
-
 fn usable() -> bool {
     let path = format!("{TRACEFS}/uprobe_events");
     OpenOptions::new().append(true).open(&path).is_ok() && fs::metadata("/bin/true").is_ok()
@@ -281,42 +154,13 @@ fn uprobe_events_agree_with_the_kernel() {
         !before.contains(GROUP),
         "left-over {GROUP} events from an earlier run"
     );
-    let mut agree = 0;
-    let mut with_log = 0;
-    let mut explained = 0;
-    let mut unexplained = Vec::new();
     let all = cases();
-    for line in &all {
-        let k = kernel_outcome(line);
-        let o = our_outcome(line);
-        let same = match (&k, &o) {
-            (Outcome::Accepted(ks), Outcome::Accepted(os)) => ks == os,
-            (
-                Outcome::Rejected {
-                    errno: ke,
-                    message: km,
-                    caret: kc,
-                },
-                Outcome::Rejected {
-                    errno: oe,
-                    message: om,
-                    caret: oc,
-                },
-            ) => ke == oe && (km.is_empty() || km == om) && (kc.is_none() || kc == oc),
-            _ => false,
-        };
-        if let Outcome::Rejected { caret: Some(_), .. } = k {
-            with_log += 1;
-        }
-        if same {
-            agree += 1;
-        } else if let Some((_, why)) = EXPLAINED.iter().find(|(t, _)| line.contains(t)) {
-            explained += 1;
-            eprintln!("explained: {line}\n  kernel: {k:?}\n  ours:   {o:?}\n  why: {why}");
-        } else {
-            unexplained.push(format!("{line}\n  kernel: {k:?}\n  ours:   {o:?}"));
-        }
-    }
+    let common::Agreement {
+        agree,
+        explained,
+        logged: with_log,
+        bad: unexplained,
+    } = common::compare(&all, "uprobe_events", &NoEnv, EXPLAINED);
     let after = fs::read_to_string(format!("{TRACEFS}/uprobe_events")).unwrap_or_default();
     assert_eq!(before, after, "uprobe_events must be left as found");
     eprintln!(

@@ -8,13 +8,11 @@
 //! sources' behaviour, not yet checked against a live kernel).
 
 use std::fs::{self, OpenOptions};
-use std::io::Write;
 
 mod common;
 
+use common::{Outcome, TRACEFS};
 use ustrace_probe::*;
-
-const TRACEFS: &str = "/sys/kernel/tracing";
 const GROUP: &str = "ustrace_probe_ediff";
 
 /// Source-event fields from the kernel's format files (common fields
@@ -113,128 +111,6 @@ fn cases() -> Vec<String> {
     v
 }
 
-#[derive(Debug, PartialEq)]
-enum Outcome {
-    Accepted(String),
-    Rejected {
-        errno: i32,
-        message: String,
-        caret: Option<usize>,
-    },
-}
-
-fn format_tail(format: &str) -> String {
-    let mut out = String::new();
-    let mut blank_seen = false;
-    for l in format.lines() {
-        if l.is_empty() && !blank_seen {
-            blank_seen = true;
-            continue;
-        }
-        if blank_seen {
-            out.push_str(l);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-fn kernel(line: &str) -> Outcome {
-    let path = format!("{TRACEFS}/dynamic_events");
-    let before = fs::read_to_string(&path).unwrap_or_default();
-    let r = OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
-    match r {
-        Ok(()) => {
-            let after = fs::read_to_string(&path).unwrap_or_default();
-            let created: Vec<&str> = after
-                .lines()
-                .filter(|l| !before.lines().any(|b| b == *l))
-                .collect();
-            let mut format = String::new();
-            if let Some(l) = created.first() {
-                let ev = l
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or("")
-                    .split_once(':')
-                    .map_or("", |x| x.1);
-                format =
-                    fs::read_to_string(format!("{TRACEFS}/events/{ev}/format")).unwrap_or_default();
-            }
-            for l in &created {
-                let ev = l
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or("")
-                    .split_once(':')
-                    .map_or("", |x| x.1);
-                OpenOptions::new()
-                    .append(true)
-                    .open(&path)
-                    .and_then(|mut f| f.write_all(format!("-:{ev}\n").as_bytes()))
-                    .expect("remove the event just created");
-            }
-            Outcome::Accepted(format!(
-                "{}\n{}",
-                created.first().copied().unwrap_or(""),
-                format_tail(&format)
-            ))
-        }
-        Err(e) => {
-            let log = fs::read_to_string(format!("{TRACEFS}/error_log")).unwrap_or_default();
-            let lines: Vec<&str> = log.lines().collect();
-            let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
-            let (mut message, mut caret) = (String::new(), None);
-            let n = lines.len();
-            if n >= 3 && lines[n - 2] == format!("  Command: {command}") {
-                if let Some(p) = lines[n - 3].find("error: ") {
-                    message = lines[n - 3][p + 7..].to_owned();
-                }
-                caret = lines[n - 1].find('^').map(|c| c - "  Command: ".len());
-            }
-            Outcome::Rejected {
-                errno: e.raw_os_error().unwrap_or(0),
-                message,
-                caret,
-            }
-        }
-    }
-}
-
-fn ours(line: &str) -> Outcome {
-    match parse_command(line, &FormatEnv) {
-        Ok(DynCommand::Create(d)) => {
-            let p = d.compile(None);
-            let mut tail = String::new();
-            for f in p.fields() {
-                // Probe array fields show as `x[]` in the kernel's format file.
-                let (base, dims) = match (f.c_type.starts_with("__data_loc"), f.c_type.find('[')) {
-                    (false, Some(b)) => (&f.c_type[..b], "[]"),
-                    _ => (&f.c_type[..], ""),
-                };
-                tail.push_str(&format!(
-                    "\tfield:{base} {}{dims};\toffset:{};\tsize:{};\tsigned:{};\n",
-                    f.name,
-                    f.offset,
-                    f.size,
-                    u8::from(f.signed)
-                ));
-            }
-            tail.push_str(&format!("\nprint fmt: {}\n", p.print_fmt()));
-            Outcome::Accepted(format!("{}\n{tail}", d.canonical()))
-        }
-        Ok(other) => Outcome::Accepted(format!("{other:?}")),
-        Err(e) => Outcome::Rejected {
-            errno: e.errno.code(),
-            message: e.message().to_owned(),
-            caret: e.id.map(|_| e.caret()),
-        },
-    }
-}
-
 /// Disagreements we understand: (text in the line, why).
 const EXPLAINED: &[(&str, &str)] = &[];
 
@@ -252,46 +128,21 @@ fn eprobes_agree_with_the_kernel() {
     // The README lists the eprobe syntax even when the kernel is built
     // without CONFIG_EPROBE_EVENTS; then every `e` line is refused with a
     // bare EINVAL and no error_log entry.
-    if let Outcome::Rejected { caret: None, .. } =
-        kernel(&format!("e:{GROUP}/probe sched.sched_switch"))
-    {
+    if let Outcome::Rejected { caret: None, .. } = common::kernel_outcome(
+        "dynamic_events",
+        &format!("e:{GROUP}/probe sched.sched_switch"),
+    ) {
         eprintln!("skipped: this kernel has no event probes (CONFIG_EPROBE_EVENTS)");
         return;
     }
     let before = fs::read_to_string(&path).unwrap_or_default();
     let all = cases();
-    let (mut agree, mut explained, mut logged) = (0, 0, 0);
-    let mut bad = Vec::new();
-    for line in &all {
-        let (k, o) = (kernel(line), ours(line));
-        if let Outcome::Rejected { caret: Some(_), .. } = k {
-            logged += 1;
-        }
-        let same = match (&k, &o) {
-            (Outcome::Accepted(a), Outcome::Accepted(b)) => a == b,
-            (
-                Outcome::Rejected {
-                    errno: ke,
-                    message: km,
-                    caret: kc,
-                },
-                Outcome::Rejected {
-                    errno: oe,
-                    message: om,
-                    caret: oc,
-                },
-            ) => ke == oe && (km.is_empty() || km == om) && (kc.is_none() || kc == oc),
-            _ => false,
-        };
-        if same {
-            agree += 1;
-        } else if let Some((_, why)) = EXPLAINED.iter().find(|(t, _)| line.contains(t)) {
-            explained += 1;
-            eprintln!("explained: {line}\n  kernel: {k:?}\n  ours:   {o:?}\n  why: {why}");
-        } else {
-            bad.push(format!("{line}\n  kernel: {k:?}\n  ours:   {o:?}"));
-        }
-    }
+    let common::Agreement {
+        agree,
+        explained,
+        logged,
+        bad,
+    } = common::compare(&all, "dynamic_events", &FormatEnv, EXPLAINED);
     assert_eq!(
         before,
         fs::read_to_string(&path).unwrap_or_default(),
