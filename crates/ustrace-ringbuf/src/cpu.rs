@@ -112,6 +112,27 @@ pub(crate) fn rseq_here() -> Option<(*mut u8, u32)> {
     })
 }
 
+/// The calling thread's rseq area, unchecked: only for callers that know
+/// `rseq::enabled()`, which implies glibc registered an area covering
+/// `rseq_cs` (see `rseq::init`). The writers' hot paths use it to skip the
+/// checks `rseq_here` repeats on every call.
+#[inline(always)]
+pub(crate) fn rseq_area() -> *mut u8 {
+    thread_pointer().wrapping_add_signed(RSEQ_OFFSET.load(Ordering::Relaxed)) as *mut u8
+}
+
+/// The CPU an area from [`rseq_area`] names, as unsigned: an unregistered
+/// thread's negative "no CPU" values become huge and match no buffer.
+///
+/// # Safety
+/// `area` comes from [`rseq_area`] while `rseq::enabled()`.
+#[inline(always)]
+pub(crate) unsafe fn rseq_area_cpu(area: *mut u8) -> u32 {
+    // SAFETY: the caller's area is this thread's `struct rseq`; cpu_id is
+    // the u32 at offset 4, written by the kernel, hence volatile.
+    unsafe { core::ptr::read_volatile(area.add(4).cast::<u32>()) }
+}
+
 /// The CPU the calling thread is running on (as of the last return to user space).
 #[inline]
 pub fn current_cpu() -> usize {

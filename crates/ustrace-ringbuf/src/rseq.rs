@@ -420,8 +420,16 @@ mod tests {
         }
         let words = &WORDS;
         let threads = 4 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        // Each thread adds at least this many times, and all keep adding
+        // until a handler has run and a sequence was restarted (both are up
+        // to the scheduler, so the test waits for them rather than hoping;
+        // the deadline only bounds a machine where neither ever happens).
         let per = 300_000u64;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let aborted = std::sync::atomic::AtomicU64::new(0);
+        let added = std::sync::atomic::AtomicU64::new(0);
+        let below_minimum = std::sync::atomic::AtomicUsize::new(threads);
+        let finish = std::sync::atomic::AtomicBool::new(false);
         let running = std::sync::atomic::AtomicUsize::new(threads);
         let stopped = std::sync::atomic::AtomicBool::new(false);
         let ids: Vec<std::sync::atomic::AtomicU64> = (0..threads)
@@ -429,24 +437,37 @@ mod tests {
             .collect();
         std::thread::scope(|s| {
             for id in &ids {
-                let (aborted, running, stopped) = (&aborted, &running, &stopped);
+                let (aborted, added, below_minimum, finish, running, stopped) = (
+                    &aborted,
+                    &added,
+                    &below_minimum,
+                    &finish,
+                    &running,
+                    &stopped,
+                );
                 s.spawn(move || {
                     // SAFETY: pthread_self has no preconditions.
                     id.store(unsafe { libc::pthread_self() } as u64, Ordering::SeqCst);
-                    let mut left = per;
-                    let mut aborts = 0;
-                    while left > 0 {
+                    let mut done = 0u64;
+                    while done < per || !finish.load(Ordering::Relaxed) {
                         let (area, cpu) = crate::cpu::rseq_here().unwrap();
                         let w = words[cpu as usize].as_ptr();
                         // SAFETY: area is this thread's; w is an aligned word
                         // only written by sequences on `cpu`.
                         match unsafe { add_on_cpu(area, cpu, w, 1) } {
-                            Outcome::Done => left -= 1,
-                            Outcome::Aborted => aborts += 1,
+                            Outcome::Done => {
+                                done += 1;
+                                if done == per {
+                                    below_minimum.fetch_sub(1, Ordering::SeqCst);
+                                }
+                            }
+                            Outcome::Aborted => {
+                                aborted.fetch_add(1, Ordering::Relaxed);
+                            }
                             _ => {}
                         }
                     }
-                    aborted.fetch_add(aborts, Ordering::Relaxed);
+                    added.fetch_add(done, Ordering::SeqCst);
                     running.fetch_sub(1, Ordering::SeqCst);
                     // Stay alive until the signaller stops using our thread id.
                     while !stopped.load(Ordering::SeqCst) {
@@ -460,9 +481,16 @@ mod tests {
                         let t = id.load(Ordering::SeqCst);
                         if t != 0 {
                             // SAFETY: the thread is alive until `stopped` is set,
-                            // and SIGUSR2 has a do-nothing handler.
+                            // and SIGUSR2's handler is async-signal-safe.
                             unsafe { libc::pthread_kill(t as libc::pthread_t, libc::SIGUSR2) };
                         }
+                    }
+                    let seen = HANDLER_ADDS.load(Ordering::Relaxed) > 0
+                        && aborted.load(Ordering::Relaxed) > 0;
+                    if below_minimum.load(Ordering::SeqCst) == 0
+                        && (seen || std::time::Instant::now() > deadline)
+                    {
+                        finish.store(true, Ordering::Relaxed);
                     }
                 }
                 stopped.store(true, Ordering::SeqCst);
@@ -471,7 +499,7 @@ mod tests {
         let total: u64 = words.iter().map(|w| w.load(Ordering::Relaxed)).sum();
         let nested = HANDLER_ADDS.load(Ordering::Relaxed);
         assert!(nested > 0, "no signal handler ever ran");
-        assert_eq!(total, threads as u64 * per + nested);
+        assert_eq!(total, added.load(Ordering::SeqCst) + nested);
         assert!(
             aborted.load(Ordering::Relaxed) > 0,
             "no sequence was ever restarted"
