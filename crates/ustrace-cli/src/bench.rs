@@ -422,7 +422,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                 .extra
                 .map(|(k, v)| format!(", \"{k}\": {v:.3}"))
                 .unwrap_or_default();
-            println!(
+            outln!(
                 "{{\"name\": \"{}\", \"ns_per_op\": {:.3}, \"baseline_ns_per_op\": {:.3}, \"ratio\": {:.3}{extra}}}",
                 f.name,
                 f.ns_per_op,
@@ -431,16 +431,19 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             );
         }
     } else {
-        println!(
+        outln!(
             "{:<34} {:>10} {:>12} {:>8}   (median of {reps} x {n} ops)",
-            "benchmark", "ns/op", "baseline ns", "ratio"
+            "benchmark",
+            "ns/op",
+            "baseline ns",
+            "ratio"
         );
         for f in &figures {
             let extra = f
                 .extra
                 .map(|(k, v)| format!("  {k} {v:.2}x"))
                 .unwrap_or_default();
-            println!(
+            outln!(
                 "{:<34} {:>10.2} {:>12.2} {:>8.2}{extra}",
                 f.name,
                 f.ns_per_op,

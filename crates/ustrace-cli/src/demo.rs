@@ -320,14 +320,14 @@ const SETUP: &[(&str, &str, bool)] = &[
 ];
 
 pub fn run(args: DemoArgs) -> Result<(), String> {
-    println!("# ustrace demo: the tracefs writes, as a shell would do them:");
+    outln!("# ustrace demo: the tracefs writes, as a shell would do them:");
     for (path, text, append) in SETUP {
         let arrow = if *append { ">>" } else { ">" };
         match write(path, &format!("{text}\n"), *append) {
-            Ok(()) => println!("#   echo '{text}' {arrow} {path}"),
+            Ok(()) => outln!("#   echo '{text}' {arrow} {path}"),
             // The fprobe events need a patchable x86_64 process; the rest of the demo does not.
             Err(e) => {
-                println!("#   echo '{text}' {arrow} {path}   (failed: {e}; going on without it)");
+                outln!("#   echo '{text}' {arrow} {path}   (failed: {e}; going on without it)");
                 let log = read("error_log").unwrap_or_default();
                 for line in log
                     .lines()
@@ -337,7 +337,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
                     .into_iter()
                     .rev()
                 {
-                    println!("#     {line}");
+                    outln!("#     {line}");
                 }
             }
         }
@@ -367,13 +367,13 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     write("trace_marker", "ustrace demo: workload done\n", false)?;
     write("tracing_on", "0\n", false)?;
 
-    println!("# events/kv/get/format:");
-    print!("{}", read("events/kv/get/format")?);
-    println!();
+    outln!("# events/kv/get/format:");
+    out!("{}", read("events/kv/get/format")?);
+    outln!();
     let trace = read("trace")?;
     let (header, body): (Vec<&str>, Vec<&str>) = trace.lines().partition(|l| l.starts_with('#'));
     for line in &header {
-        println!("{line}");
+        outln!("{line}");
     }
     let shown = if args.max_lines == 0 {
         body.len()
@@ -381,15 +381,15 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         args.max_lines.min(body.len())
     };
     for line in &body[..shown] {
-        println!("{line}");
+        outln!("{line}");
     }
     if shown < body.len() {
-        println!(
+        outln!(
             "... {} more lines (--max-lines 0 prints all)",
             body.len() - shown
         );
     }
-    println!(
+    outln!(
         "\n# {} requests served by {} workers in {:.1} s; per-CPU stats in per_cpu/cpuN/stats",
         served.load(Ordering::Relaxed),
         args.workers,

@@ -4,6 +4,24 @@
 //! running process's tracefs over its control socket (`ps`, `cat`, `write`, `ls`, `pipe`) or
 //! a FUSE mount (`mount`).
 
+/// `println!` for what the verbs print: a reader that went away (`ustrace demo | head`) ends
+/// the process quietly and successfully, where `println!` would panic on the broken pipe.
+macro_rules! outln {
+    () => {
+        $crate::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` with [`outln!`]'s handling of a broken pipe.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::write_out(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod demo;
 mod mount;
@@ -72,6 +90,19 @@ enum Command {
                             As root no fusermount is needed. A mount left by a killed \
                             `ustrace mount` is cleaned up by the next one on the same directory.")]
     Mount(mount::MountArgs),
+}
+
+/// Writes to stdout for [`outln!`] and [`out!`]. Output is what a verb is for, so a stdout
+/// that fails for any other reason ends the process too, with the reason.
+fn write_out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("ustrace: stdout: {e}");
+        std::process::exit(1);
+    }
 }
 
 fn main() -> ExitCode {

@@ -71,10 +71,9 @@ pub fn ps() -> Result<(), String> {
         eprintln!("ustrace: no process serves a tracefs (start one with USTRACE_SERVE=1)");
         return Ok(());
     }
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{:>8}  {:<16}  SOCKET", "PID", "COMMAND");
+    outln!("{:>8}  {:<16}  SOCKET", "PID", "COMMAND");
     for s in served {
-        let _ = writeln!(out, "{:>8}  {:<16}  {}", s.pid, s.comm, s.socket.display());
+        outln!("{:>8}  {:<16}  {}", s.pid, s.comm, s.socket.display());
     }
     Ok(())
 }
@@ -120,9 +119,8 @@ pub fn write(args: WriteArgs) -> Result<(), String> {
 pub fn ls(args: LsArgs) -> Result<(), String> {
     let mut client = connect(args.target.pid)?;
     let st = client.stat(&args.path).map_err(|e| failed(&args.path, e))?;
-    let mut out = std::io::stdout().lock();
     if st.kind == FileKind::File {
-        let _ = writeln!(out, "{}", args.path);
+        outln!("{}", args.path);
         return Ok(());
     }
     let mut entries = client
@@ -131,7 +129,7 @@ pub fn ls(args: LsArgs) -> Result<(), String> {
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     for e in entries {
         let slash = if e.kind == FileKind::Dir { "/" } else { "" };
-        let _ = writeln!(out, "{}{slash}", e.name);
+        outln!("{}{slash}", e.name);
     }
     Ok(())
 }

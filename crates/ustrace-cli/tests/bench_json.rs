@@ -65,3 +65,31 @@ fn bench_json_prints_every_named_figure() {
         .unwrap();
     assert!(scaling.contains("\"scaling\": "), "{scaling}");
 }
+
+/// `ustrace bench | head -1` style use: the reader goes away before the
+/// output is written, and the process ends quietly and successfully.
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ustrace"))
+        .args([
+            "bench",
+            "--filter",
+            "clock_local_read",
+            "--iterations",
+            "1000",
+            "--repetitions",
+            "1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ustrace bench");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait for ustrace bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.is_empty(),
+        "status {:?}, stderr: {stderr}",
+        out.status
+    );
+}
