@@ -89,7 +89,9 @@ fn hit_cost(c: &mut Criterion) {
 
 /// Builds a shared library with `n` patchable C functions and loads it.
 fn thousand_functions(n: usize) -> Option<()> {
-    let dir = std::env::temp_dir().join(format!("ustrace-fprobe-bench-{}", std::process::id()));
+    // One fixed place under cargo's target tmp dir: each run rebuilds it rather than leaving
+    // another copy behind.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fprobe-bench");
     std::fs::create_dir_all(&dir).ok()?;
     let src = dir.join("many.c");
     let mut code = String::from("#include <stdint.h>\nvolatile uint64_t sink;\n");

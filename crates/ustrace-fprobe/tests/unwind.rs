@@ -160,7 +160,8 @@ fn backtrace_inside_a_probed_function_shows_real_callers() {
 fn cxx_exception_through_probed_frames() {
     let _g = serial();
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cxx.cpp");
-    let out = std::env::temp_dir().join(format!("ustrace-fprobe-cxx-{}.so", std::process::id()));
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("fprobe-cxx-{}.so", std::process::id()));
     let built = std::process::Command::new("c++")
         .args(["-shared", "-fPIC", "-O1", "-o"])
         .arg(&out)
@@ -205,4 +206,6 @@ fn cxx_exception_through_probed_frames() {
         (9, 6)
     );
     drop(fp);
+    // The library stays loaded for the rest of the process; only its file goes.
+    let _ = std::fs::remove_file(&out);
 }

@@ -1,7 +1,7 @@
 //! Shared helpers for the integration tests: build and load the C library of probed functions.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -36,7 +36,7 @@ pub fn build_lib(stem: &str, out_name: &str, flags: &[&str]) -> Option<PathBuf> 
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/c")
         .join(format!("{stem}.c"));
-    let dir = std::env::temp_dir().join(format!("ustrace-fprobe-tests-{}", std::process::id()));
+    let dir = scratch_dir();
     std::fs::create_dir_all(&dir).ok()?;
     let out = dir.join(format!("lib{out_name}.so"));
     let status = Command::new("cc")
@@ -54,6 +54,29 @@ pub fn build_lib(stem: &str, out_name: &str, flags: &[&str]) -> Option<PathBuf> 
             None
         }
     }
+}
+
+/// This test process's directory for built libraries, under cargo's target tmp dir. The
+/// libraries stay mapped (and are read back for symbols) until the process ends, so no test
+/// can remove its own; instead, the directories of test processes that have ended are
+/// removed here.
+fn scratch_dir() -> PathBuf {
+    const PREFIX: &str = "fprobe-tests-";
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let me = std::process::id();
+    for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if pid != me && !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    base.join(format!("{PREFIX}{me}"))
 }
 
 pub fn build_and_load(stem: &str, flags: &[&str]) -> Option<CLib> {
