@@ -451,11 +451,25 @@ impl Program {
     /// either). Fields that lie outside `record` make their predicate false.
     #[inline]
     pub fn matches(&self, record: &[u8], ctx: &Context<'_>) -> bool {
-        if let Some(r) = &self.ranges {
-            if record.len() >= r.min_len {
-                return Self::matches_ranges(&r.steps, record);
-            }
+        match self.matches_fields_only(record) {
+            Some(m) => m,
+            None => self.matches_steps(record, ctx),
         }
+    }
+
+    /// [`matches`](Program::matches) for a program that tests integer fields
+    /// only, on a record long enough for all of them: such a program needs no
+    /// [`Context`], so a caller can skip building one. `None` otherwise.
+    #[inline]
+    pub fn matches_fields_only(&self, record: &[u8]) -> Option<bool> {
+        let r = self.ranges.as_ref()?;
+        (record.len() >= r.min_len).then(|| Self::matches_ranges(&r.steps, record))
+    }
+
+    /// The general walk, with a dispatch on each predicate's kind; out of
+    /// line so that callers inlining the integer loop stay small.
+    #[inline(never)]
+    fn matches_steps(&self, record: &[u8], ctx: &Context<'_>) -> bool {
         let steps = &self.steps[..];
         let mut i = 0usize;
         while let Some(step) = steps.get(i) {

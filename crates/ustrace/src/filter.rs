@@ -130,6 +130,15 @@ impl Compiled {
     /// looked up only when the program names them.
     #[inline]
     pub fn matches(&self, record: &[u8]) -> bool {
+        // An integer-only filter needs neither the CPU nor the comm.
+        match self.program.matches_fields_only(record) {
+            Some(m) => m,
+            None => self.matches_in_context(record),
+        }
+    }
+
+    #[inline(never)]
+    fn matches_in_context(&self, record: &[u8]) -> bool {
         let comm = if self.needs_comm {
             current_comm_bytes()
         } else {
