@@ -55,7 +55,16 @@ struct Entry<P: ?Sized> {
 struct Registrations<P: ?Sized> {
     entries: Vec<Entry<P>>,
     /// Arrays unpublished but perhaps still being read; freed after the next grace period.
-    retired: Vec<*mut Vec<Arc<P>>>,
+    retired: Vec<*mut ProbeArray<P>>,
+}
+
+/// What a call site walks: the probes in call order. `calls` holds each probe's closure
+/// as a plain pointer, so a call loads the closure and its vtable and jumps, without first
+/// working out where an `Arc` keeps its value; `_owners` keeps the closures alive for as
+/// long as the array may be read.
+struct ProbeArray<P: ?Sized> {
+    calls: Vec<*const P>,
+    _owners: Vec<Arc<P>>,
 }
 
 /// A probe that sees a tracepoint's arguments as raw words (dynamic `t:` events).
@@ -181,12 +190,12 @@ pub struct Tracepoint<P: ?Sized + 'static> {
     key: Option<&'static StaticKey>,
     /// The same state as a flag, for call sites that test it with a load.
     enabled: AtomicBool,
-    probes: AtomicPtr<Vec<Arc<P>>>,
+    probes: AtomicPtr<ProbeArray<P>>,
     next_id: AtomicU64,
     registrations: Mutex<Registrations<P>>,
 }
 
-// SAFETY: the raw pointers in `retired` and `probes` own `Vec<Arc<P>>` values that are only
+// SAFETY: the raw pointers in `retired` and `probes` own `ProbeArray<P>` values that are only
 // freed under the registration lock after a grace period; `P` is `Send + Sync` by the bound
 // on every method that creates them.
 unsafe impl<P: ?Sized + Send + Sync> Sync for Tracepoint<P> {}
@@ -249,8 +258,9 @@ impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
         // SAFETY: a published array is freed only after a grace period that cannot end while
         // this section is open.
         let probes = unsafe { &*array };
-        for probe in probes.iter() {
-            call(probe);
+        for &probe in probes.calls.iter() {
+            // SAFETY: `_owners` in the same array keeps every closure alive.
+            call(unsafe { &*probe });
         }
     }
 
@@ -338,12 +348,14 @@ impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
 
     /// Publishes a fresh array built from `regs.entries` and retires the old one.
     fn publish(&self, regs: &mut Registrations<P>) {
-        let fresh: *mut Vec<Arc<P>> = if regs.entries.is_empty() {
+        let fresh: *mut ProbeArray<P> = if regs.entries.is_empty() {
             std::ptr::null_mut()
         } else {
-            Box::into_raw(Box::new(
-                regs.entries.iter().map(|e| e.probe.clone()).collect(),
-            ))
+            let owners: Vec<Arc<P>> = regs.entries.iter().map(|e| e.probe.clone()).collect();
+            Box::into_raw(Box::new(ProbeArray {
+                calls: owners.iter().map(Arc::as_ptr).collect(),
+                _owners: owners,
+            }))
         };
         let old = self.probes.swap(fresh, Ordering::AcqRel);
         let on = !fresh.is_null();
