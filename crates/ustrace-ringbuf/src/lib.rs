@@ -180,7 +180,10 @@ struct ReaderCpu {
 
 struct Control {
     cpus: Vec<ReaderCpu>,
-    /// Every region this buffer's writers may still touch; unmapped on drop.
+    /// Every region this buffer's writers may still touch; unmapped on drop
+    /// (a writer may hold a region's pointer for as long as it is preempted,
+    /// so only the mapping's header part outlives retirement: `Region::release`
+    /// gives the pages back when a region is retired).
     keep: Vec<Arc<Region>>,
     next_region: u64,
     buffer_percent: u32,
@@ -561,6 +564,10 @@ impl RingBuffer {
             }
             r.mapping().unlink();
             let (r, _) = rc.regions.remove(0);
+            // Nobody needs its events any more: give back its pages now
+            // rather than when the buffer is dropped, so that resizing
+            // does not grow the process by a buffer each time.
+            r.release();
             rc.retired.push(r);
         }
     }

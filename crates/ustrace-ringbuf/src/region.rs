@@ -94,6 +94,7 @@ pub(crate) const OFF_GENERATION: usize = 40;
 pub(crate) const OFF_MAP: usize = 48;
 pub(crate) const OFF_STATE: usize = 64;
 pub(crate) const OFF_FOREIGN: usize = 80;
+pub(crate) const OFF_RELEASED: usize = 88;
 pub(crate) const OFF_READ: usize = 128;
 pub(crate) const OFF_LOST_REPORTED: usize = 136;
 pub(crate) const OFF_SPARE: usize = 144;
@@ -1260,7 +1261,31 @@ impl Region {
             std::ptr::copy_nonoverlapping(self.phys_ptr(map_phys(m)), buf.as_mut_ptr(), PAGE_SIZE)
         };
         fence(Ordering::Acquire);
-        self.pos() <= (s + self.nr_pages as u64) * D && mw.load(Ordering::SeqCst) == m
+        self.pos() <= (s + self.nr_pages as u64) * D
+            && mw.load(Ordering::SeqCst) == m
+            && !self.is_released()
+    }
+
+    /// Whether the region was retired and its pages given back (see
+    /// [`Region::release`]): its events are gone, as consumed ones are.
+    pub(crate) fn is_released(&self) -> bool {
+        self.atomic(OFF_RELEASED).load(Ordering::SeqCst) != 0
+    }
+
+    /// Gives back the memory of a retired region's pages (and its file
+    /// descriptor), keeping the header, counters, words and slot map that
+    /// statistics and late writers still read. Only for a region that is
+    /// closed, has no write in flight and was read to its end: a writer can
+    /// then only find it closed, and readers that still hold it see
+    /// `released` and treat it as empty (a page copied after the release
+    /// fails the check in `copy_page`).
+    pub(crate) fn release(&self) {
+        debug_assert!(self.is_closed());
+        if self.atomic(OFF_RELEASED).swap(1, Ordering::SeqCst) != 0 {
+            return;
+        }
+        self.map
+            .release(self.pages_off, self.map.len() - self.pages_off);
     }
 
     /// Reads one step at position `pos`, `ts_hint` being the time at `pos`
@@ -1285,7 +1310,11 @@ impl Region {
         }
         let mut buf = [0u8; PAGE_SIZE];
         if !self.copy_page(s, &mut buf) {
-            return Step::Gone;
+            return if self.is_released() {
+                Step::Empty
+            } else {
+                Step::Gone
+            };
         }
         let base = page::read_u64(&buf, 0);
         let mut dec = if off > 0 && ts_hint != 0 {

@@ -29,7 +29,7 @@ use crate::Event;
 use std::ffi::CString;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// Magic of the root file ("USTRROOT").
 pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"USTRROOT");
@@ -104,8 +104,9 @@ pub(crate) fn round_up(v: usize, to: usize) -> usize {
 pub(crate) struct Mapping {
     ptr: *mut u8,
     len: usize,
-    /// The open file of a writer-side mapping (-1 for read-only ones).
-    fd: libc::c_int,
+    /// The open file of a writer-side mapping (-1 for read-only ones, and
+    /// once [`Mapping::release`] closed it).
+    fd: AtomicI32,
     /// Read-only: the path opened. Writer: where the file is linked when persistent.
     path: PathBuf,
     /// 1 while the file is linked at `path` by us (unlinked on drop).
@@ -202,7 +203,7 @@ impl Mapping {
         Ok(Mapping {
             ptr: ptr.cast(),
             len,
-            fd,
+            fd: AtomicI32::new(fd),
             path: path.to_path_buf(),
             linked: AtomicU32::new(0),
         })
@@ -224,22 +225,44 @@ impl Mapping {
     /// How another process opens this file now: its name in the shm
     /// directory when linked, else `/proc/<pid>/fd/<fd>`.
     pub(crate) fn public_name(&self) -> String {
-        if self.linked.load(Ordering::Relaxed) != 0 || self.fd < 0 {
+        let fd = self.fd.load(Ordering::Relaxed);
+        if self.linked.load(Ordering::Relaxed) != 0 || fd < 0 {
             self.path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default()
         } else {
-            format!("/proc/{}/fd/{}", std::process::id(), self.fd)
+            format!("/proc/{}/fd/{fd}", std::process::id())
+        }
+    }
+
+    /// Gives back the memory of `[offset, offset + len)` (page aligned) and
+    /// closes the file, for a mapping nothing will store into again: reads
+    /// of the range see zeros from then on, and the mapping itself stays
+    /// valid for whoever still holds it. Best effort: a file system that
+    /// cannot punch holes keeps the memory.
+    pub(crate) fn release(&self, offset: usize, len: usize) {
+        debug_assert!(offset.is_multiple_of(4096) && offset + len <= self.len);
+        if len > 0 {
+            // SAFETY: the range lies inside our shared mapping; MADV_REMOVE
+            // frees its backing store and later accesses fault in zero pages,
+            // so no reader of the mapping can fault on it.
+            unsafe { libc::madvise(self.ptr.add(offset).cast(), len, libc::MADV_REMOVE) };
+        }
+        let fd = self.fd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: our fd, taken out of the mapping so nothing uses it again.
+            unsafe { libc::close(fd) };
         }
     }
 
     /// Gives the (anonymous) file its name, so it outlives the process.
     pub(crate) fn link(&self) -> io::Result<()> {
-        if self.fd < 0 || self.linked.load(Ordering::Relaxed) != 0 {
+        let fd = self.fd.load(Ordering::Relaxed);
+        if fd < 0 || self.linked.load(Ordering::Relaxed) != 0 {
             return Ok(());
         }
-        let from = CString::new(format!("/proc/self/fd/{}", self.fd)).expect("no NUL");
+        let from = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
         let to = cpath(&self.path)?;
         // SAFETY: valid NUL-terminated paths; linking an O_TMPFILE file by its
         // /proc/self/fd link is how such a file gets a name without privileges.
@@ -279,9 +302,10 @@ impl Drop for Mapping {
         // SAFETY: ptr/len are exactly what mmap returned; nothing references
         // the mapping once its owner is dropped.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
-        if self.fd >= 0 {
+        let fd = *self.fd.get_mut();
+        if fd >= 0 {
             // SAFETY: our fd.
-            unsafe { libc::close(self.fd) };
+            unsafe { libc::close(fd) };
         }
         self.unlink();
     }
