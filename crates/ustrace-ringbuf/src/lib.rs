@@ -199,6 +199,33 @@ pub struct RingBuffer {
     clock: AtomicU32,
     persistent: AtomicBool,
     control: Mutex<Control>,
+    /// The process generation (see [`PROCESS_GENERATION`]) the buffer was made in.
+    generation: u32,
+}
+
+/// Bumped in the child of every `fork`. A buffer made in an earlier
+/// generation was inherited: its mappings are shared with the parent, whose
+/// owner writers' restartable sequences this process cannot fence (membarrier
+/// reaches one process only), so a locked reservation from here could be
+/// overwritten by a plain store from there. The child therefore writes
+/// nothing into inherited buffers; each event it would have written counts
+/// as dropped in the shared region header, where the parent's statistics
+/// see it.
+static PROCESS_GENERATION: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn after_fork_in_child() {
+    PROCESS_GENERATION.fetch_add(1, Ordering::Relaxed);
+    // Sends every write of the child off the owner path, to where
+    // `foreign_writer_here` finds the inherited buffers.
+    rseq::disable_after_fork();
+}
+
+fn register_fork_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handler touches two atomics, which is async-signal-safe.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
 }
 
 /// Armed-flag values in the root header.
@@ -229,6 +256,7 @@ impl RingBuffer {
         clock::init();
         cpu::init();
         rseq::init();
+        register_fork_handler();
         let dir = shm::shm_dir();
         let base = format!(
             "ustrace-{}-{}-{}",
@@ -281,6 +309,7 @@ impl RingBuffer {
             clock: AtomicU32::new(config.clock as u32),
             persistent: AtomicBool::new(false),
             control: Mutex::new(control),
+            generation: PROCESS_GENERATION.load(Ordering::Relaxed),
         };
         {
             let ctl = rb.lock();
@@ -314,7 +343,10 @@ impl RingBuffer {
         if hdr.recording.load(Ordering::Relaxed) == 0 || len > MAX_PAYLOAD {
             return None;
         }
-        let (cpu, writer) = self.writer_here();
+        let Some((cpu, writer)) = self.writer_here() else {
+            self.refuse_inherited();
+            return None;
+        };
         // SAFETY: every pointer stored in a slot comes from an Arc kept in
         // `Control::keep` until the buffer is dropped, and `&self` outlives
         // the reservation.
@@ -341,7 +373,10 @@ impl RingBuffer {
         let clock = Clock::from_u32(self.clock.load(Ordering::Relaxed));
         let overwrite = hdr.overwrite.load(Ordering::Relaxed) != 0;
         loop {
-            let (cpu, writer) = self.writer_here();
+            let Some((cpu, writer)) = self.writer_here() else {
+                self.refuse_inherited();
+                return None;
+            };
             let slot = &self.slots[cpu];
             let ptr = slot.current.load(Ordering::Acquire);
             // SAFETY: as in `reserve`.
@@ -372,24 +407,41 @@ impl RingBuffer {
     /// (restartable sequences, no locked instructions) when the thread has
     /// an rseq area and its CPU has a buffer of its own; as a foreign
     /// writer otherwise.
+    /// `None` in a forked child for a buffer it inherited (see
+    /// [`PROCESS_GENERATION`]): it must not write there.
     #[inline(always)]
-    fn writer_here(&self) -> (usize, Writer) {
+    fn writer_here(&self) -> Option<(usize, Writer)> {
         if rseq::enabled() {
             let area = cpu::rseq_area();
             // SAFETY: the area comes from `rseq_area` with rseq enabled.
             let cpu = unsafe { cpu::rseq_area_cpu(area) };
             if (cpu as usize) < self.nr_cpus {
-                return (cpu as usize, Writer::Owner { area, cpu });
+                return Some((cpu as usize, Writer::Owner { area, cpu }));
             }
         }
         self.foreign_writer_here()
     }
 
-    /// A thread without an rseq area, or on a CPU beyond the buffer's count.
+    /// A thread without an rseq area, on a CPU beyond the buffer's count,
+    /// or in a forked child (which never writes as an owner).
     #[cold]
     #[inline(never)]
-    fn foreign_writer_here(&self) -> (usize, Writer) {
-        (cpu::current_cpu() % self.nr_cpus, Writer::Foreign)
+    fn foreign_writer_here(&self) -> Option<(usize, Writer)> {
+        if PROCESS_GENERATION.load(Ordering::Relaxed) != self.generation {
+            return None;
+        }
+        Some((cpu::current_cpu() % self.nr_cpus, Writer::Foreign))
+    }
+
+    /// Counts an event a forked child would have written into an inherited
+    /// buffer as dropped, in shared memory, so the parent's stats show it.
+    #[cold]
+    #[inline(never)]
+    fn refuse_inherited(&self) {
+        let cpu = cpu::current_cpu() % self.nr_cpus;
+        // SAFETY: as in `reserve`: the region is kept until the buffer drops.
+        let region = unsafe { &*self.slots[cpu].current.load(Ordering::Acquire) };
+        region.count_dropped();
     }
 
     /// Records `data` as one event (reserve, copy, commit).

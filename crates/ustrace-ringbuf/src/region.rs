@@ -1107,6 +1107,12 @@ impl Region {
         self.commit_bytes(r.slot(), total as u64, 0);
     }
 
+    /// Counts one event refused without trying to reserve (a forked child
+    /// writing to a buffer it inherited).
+    pub(crate) fn count_dropped(&self) {
+        self.atomic(OFF_DROPPED).fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Stops new reservations (writers get `Closed`).
     pub(crate) fn close(&self) {
         let state = self.map.ptr().wrapping_add(OFF_STATE).cast::<u64>();

@@ -104,6 +104,14 @@ pub(crate) fn init() {
     );
 }
 
+/// In the child of a fork: no owner writers from now on (see
+/// `RingBuffer`'s fork handling). The child's writes to buffers it
+/// inherited are refused, and buffers it makes itself use the locked
+/// protocol, which needs no fencing.
+pub(crate) fn disable_after_fork() {
+    MODE.store(MODE_OFF, Ordering::Relaxed);
+}
+
 /// Whether owner writers run restartable sequences (so foreign writers
 /// must fence them out before touching reservation state).
 #[inline]
