@@ -335,16 +335,18 @@ impl RingBuffer {
     }
 
     /// Reserves `len` payload bytes on the current CPU's buffer. `None` when
-    /// recording is off, `len` exceeds [`MAX_PAYLOAD`], or the event was
-    /// dropped (full in producer/consumer mode, or a page still being written).
+    /// recording is off, or the event was dropped (and counted as dropped):
+    /// `len` exceeds [`MAX_PAYLOAD`], the buffer is full in producer/consumer
+    /// mode, or the page to reuse is still being written.
     #[inline(always)]
     pub fn reserve(&self, len: usize) -> Option<Reservation<'_>> {
         let hdr = self.root.header();
         if hdr.recording.load(Ordering::Relaxed) == 0 || len > MAX_PAYLOAD {
+            self.refuse_unrecorded();
             return None;
         }
         let Some((cpu, writer)) = self.writer_here() else {
-            self.refuse_inherited();
+            self.count_refused();
             return None;
         };
         // SAFETY: every pointer stored in a slot comes from an Arc kept in
@@ -374,7 +376,7 @@ impl RingBuffer {
         let overwrite = hdr.overwrite.load(Ordering::Relaxed) != 0;
         loop {
             let Some((cpu, writer)) = self.writer_here() else {
-                self.refuse_inherited();
+                self.count_refused();
                 return None;
             };
             let slot = &self.slots[cpu];
@@ -433,11 +435,22 @@ impl RingBuffer {
         Some((cpu::current_cpu() % self.nr_cpus, Writer::Foreign))
     }
 
-    /// Counts an event a forked child would have written into an inherited
-    /// buffer as dropped, in shared memory, so the parent's stats show it.
+    /// Recording off is not a loss; an event too big for any page is one,
+    /// and counts as dropped on the CPU that tried to write it.
     #[cold]
     #[inline(never)]
-    fn refuse_inherited(&self) {
+    fn refuse_unrecorded(&self) {
+        if self.root.header().recording.load(Ordering::Relaxed) != 0 {
+            self.count_refused();
+        }
+    }
+
+    /// Counts an event that could not be written at all as dropped, in
+    /// shared memory: one too big for a page, or one a forked child would
+    /// have written into an inherited buffer (so the parent's stats show it).
+    #[cold]
+    #[inline(never)]
+    fn count_refused(&self) {
         let cpu = cpu::current_cpu() % self.nr_cpus;
         // SAFETY: as in `reserve`: the region is kept until the buffer drops.
         let region = unsafe { &*self.slots[cpu].current.load(Ordering::Acquire) };

@@ -378,3 +378,24 @@ fn many_laps_keep_exact_counts() {
         s.overrun
     );
 }
+
+#[test]
+fn an_event_too_big_for_a_page_is_counted_as_dropped_and_recording_off_is_not() {
+    use ustrace_ringbuf::MAX_PAYLOAD;
+    let rb = buf("oversize", 4, true);
+    let dropped = |rb: &RingBuffer| {
+        (0..rb.nr_cpus())
+            .map(|c| rb.stats(c).dropped_events)
+            .sum::<u64>()
+    };
+    assert!(rb.write(&vec![7u8; MAX_PAYLOAD]), "the largest event fits");
+    assert!(!rb.write(&vec![7u8; MAX_PAYLOAD + 1]));
+    assert_eq!(dropped(&rb), 1);
+    rb.set_recording(false);
+    assert!(!rb.write(&[1, 2, 3, 4]));
+    assert!(!rb.write(&vec![7u8; MAX_PAYLOAD + 1]));
+    assert_eq!(dropped(&rb), 1, "nothing is lost while recording is off");
+    rb.set_recording(true);
+    let e = rb.consume(0).expect("the largest event");
+    assert_eq!(e.data.len(), MAX_PAYLOAD);
+}

@@ -492,6 +492,38 @@ fn per_cpu_files_and_sizes() {
 }
 
 #[test]
+fn an_event_too_big_for_a_page_shows_as_dropped() {
+    let t = Instance::new("oversize");
+    let cpus = ustrace::tracefs()
+        .readdir(&t.path("per_cpu"))
+        .unwrap()
+        .len();
+    let dropped = |t: &Instance| -> u64 {
+        (0..cpus)
+            .map(|c| {
+                let stats = t.read(&format!("per_cpu/cpu{c}/stats"));
+                let line = stats.lines().find(|l| l.starts_with("dropped events:"));
+                line.and_then(|l| l.split(':').nth(1))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .expect("dropped events line")
+            })
+            .sum()
+    };
+    t.write("events/tirq/irq_handler_entry/enable", "1\n")
+        .unwrap();
+    let before = dropped(&t);
+    irq_handler_entry::trace(9, &"x".repeat(5000));
+    irq_handler_entry::trace(10, "small");
+    assert_eq!(dropped(&t), before + 1, "the 5000-byte event is counted");
+    let lines = body_lines(&t.read("trace"));
+    assert!(
+        lines.iter().any(|l| l.contains("irq=10 name=small")),
+        "{lines:?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("irq=9 ")), "{lines:?}");
+}
+
+#[test]
 fn marker_respects_tracing_on_and_the_markers_option() {
     let t = Instance::new("marker");
     t.write("tracing_on", "0\n").unwrap();
