@@ -164,7 +164,7 @@ impl DirectArg {
     }
 
     #[inline]
-    fn value(&self, ctx: &dyn FetchContext) -> Option<u64> {
+    fn value<C: FetchContext>(&self, ctx: &C) -> Option<u64> {
         Some(match self.src {
             DirectSrc::Arg(n) => ctx.arg(n),
             DirectSrc::Reg(name) => ctx.register(name)?,
@@ -268,7 +268,9 @@ impl Program {
     /// (`$argN` in a `%return` probe). `edata` needs
     /// `entry_data_size() / 8` words; hand them back through
     /// [`FetchContext::entry_data`] at exit.
-    pub fn save_entry(&self, ctx: &dyn FetchContext, edata: &mut [u64]) {
+    ///
+    /// Generic, like [`Program::run`], so that the hit's context inlines.
+    pub fn save_entry<C: FetchContext>(&self, ctx: &C, edata: &mut [u64]) {
         for (slot, &arg) in edata.iter_mut().zip(self.entry.iter()) {
             *slot = ctx.arg(arg as usize);
         }
@@ -368,10 +370,12 @@ impl Program {
 
     /// Bytes of the record after the common header that [`Program::run`]
     /// needs for this hit (probe header + arguments + strings).
-    pub fn record_size(&self, ctx: &dyn FetchContext) -> usize {
+    #[inline]
+    pub fn record_size<C: FetchContext>(&self, ctx: &C) -> usize {
         if self.direct.is_some() {
             return self.header + self.fixed;
         }
+        let ctx: &dyn FetchContext = ctx;
         let mut dynamic = 0;
         for a in self.args.iter().filter(|a| a.dynamic()) {
             dynamic += self.exec(a, ctx, None, None);
@@ -382,7 +386,11 @@ impl Program {
     /// Fills `out` (the record after its common header): probe header, the
     /// fixed area, then strings. Returns the bytes used; 0 when `out` cannot
     /// hold the fixed part. Strings are cut to what fits.
-    pub fn run(&self, ctx: &dyn FetchContext, out: &mut [u8]) -> usize {
+    ///
+    /// Generic over the context so that the plain-load fast path (`direct`)
+    /// inlines the hit's register reads; the interpreter takes it as `dyn`.
+    #[inline]
+    pub fn run<C: FetchContext>(&self, ctx: &C, out: &mut [u8]) -> usize {
         let fixed_end = self.header + self.fixed;
         if out.len() < fixed_end {
             return 0;
@@ -403,6 +411,15 @@ impl Program {
             }
             return fixed_end;
         }
+        self.run_interpreted(ctx, out)
+    }
+
+    /// The general case of [`Program::run`] after the probe header: every
+    /// argument through the interpreter. Out of line, so that `run` stays
+    /// small enough to inline into the hit.
+    #[inline(never)]
+    fn run_interpreted(&self, ctx: &dyn FetchContext, out: &mut [u8]) -> usize {
+        let fixed_end = self.header + self.fixed;
         out[self.header..fixed_end].fill(0);
         let mut area = DynArea {
             out,

@@ -222,7 +222,8 @@ struct HitContext<'a> {
     entry: &'a [u64],
     ip: u64,
     ret_ip: u64,
-    comm: [u8; 16],
+    /// The thread's name, looked up only if the program reads `$comm`.
+    comm: std::cell::OnceCell<[u8; 16]>,
 }
 
 impl HitContext<'_> {
@@ -235,12 +236,13 @@ impl HitContext<'_> {
             entry: &[],
             ip: 0,
             ret_ip: 0,
-            comm: comm(),
+            comm: std::cell::OnceCell::new(),
         }
     }
 }
 
 impl FetchContext for HitContext<'_> {
+    #[inline]
     fn arg(&self, n: usize) -> u64 {
         match self.regs {
             Some(regs) => regs.arg(n).unwrap_or(0),
@@ -279,7 +281,7 @@ impl FetchContext for HitContext<'_> {
         self.regs.map_or(0, |r| r.ax)
     }
     fn comm(&self) -> &[u8] {
-        &self.comm
+        self.comm.get_or_init(comm)
     }
     fn event_record(&self) -> &[u8] {
         self.record
@@ -287,9 +289,11 @@ impl FetchContext for HitContext<'_> {
     fn entry_data(&self) -> &[u64] {
         self.entry
     }
+    #[inline]
     fn probe_ip(&self) -> u64 {
         self.ip
     }
+    #[inline]
     fn return_ip(&self) -> u64 {
         self.ret_ip
     }

@@ -46,6 +46,7 @@ const _: () = assert!(PT_REGS_SIZE % 16 == 8);
 impl PtRegs {
     /// Integer/pointer argument `n` (0-based) by SysV position: rdi, rsi, rdx, rcx, r8, r9, then
     /// the stack. Stack arguments are read with a fault-safe load and give `None` when unreadable.
+    #[inline]
     pub fn arg(&self, n: usize) -> Option<u64> {
         Some(match n {
             0 => self.di,
