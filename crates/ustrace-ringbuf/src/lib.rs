@@ -408,9 +408,8 @@ impl RingBuffer {
     /// The CPU buffer the calling thread writes to, and how: as the owner
     /// (restartable sequences, no locked instructions) when the thread has
     /// an rseq area and its CPU has a buffer of its own; as a foreign
-    /// writer otherwise.
-    /// `None` in a forked child for a buffer it inherited (see
-    /// [`PROCESS_GENERATION`]): it must not write there.
+    /// writer otherwise. `None` in a forked child for a buffer it inherited
+    /// (see [`PROCESS_GENERATION`]): it must not write there.
     #[inline(always)]
     fn writer_here(&self) -> Option<(usize, Writer)> {
         if rseq::enabled() {

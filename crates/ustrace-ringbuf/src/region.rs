@@ -64,6 +64,15 @@
 //! partially filled tail page is readable when it is quiescent: `pos`
 //! unchanged around reading its page word and the word's byte count equals
 //! `pos`'s offset.
+//!
+//! # Retirement
+//!
+//! A resize closes a region (no reservation succeeds after that) and
+//! starts a new one. Once the closed region is quiescent and read to its
+//! end it is retired: `release` punches out its pages and sets `released`
+//! in the header, and a reader still holding it then sees it as empty.
+//! The header, page words and slot map stay, for the counters and for
+//! writers that still hold the region's pointer.
 
 use crate::clock::{self, Clock};
 use crate::page::{
