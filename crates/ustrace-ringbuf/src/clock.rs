@@ -137,6 +137,46 @@ fn now_other(clock: Clock) -> u64 {
     }
 }
 
+/// Whether `local` is the scaled TSC (so [`local_tsc`] may be used).
+pub(crate) fn local_is_tsc() -> bool {
+    tsc().is_some() && TSC_MULT.load(Ordering::Relaxed) != 0
+}
+
+/// `local` when [`local_is_tsc`] said so: the TSC scaled to ns, with no
+/// check of its own (the writer's fast path checked once, in advance).
+#[inline(always)]
+pub(crate) fn local_tsc() -> u64 {
+    let mult = TSC_MULT.load(Ordering::Relaxed);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ns: u64;
+        // One block, read and scale together: the compiler cannot hoist the
+        // read away from its scaling and keep the multiplier (or the raw
+        // count) in a stack slot meanwhile, which puts a store-forwarding
+        // round trip on the path from the clock to the reservation.
+        // SAFETY: rdtsc and arithmetic on registers only; no memory touched.
+        unsafe {
+            core::arch::asm!(
+                "rdtsc",
+                "shlq $32, %rdx",
+                "orq %rdx, %rax",
+                "mulq {mult}",
+                "shrdq $32, %rdx, %rax",
+                mult = in(reg) mult,
+                out("rax") ns,
+                out("rdx") _,
+                options(att_syntax, nomem, nostack),
+            );
+        }
+        ns
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let t = tsc().unwrap_or(0);
+        ((u128::from(t) * u128::from(mult)) >> 32) as u64
+    }
+}
+
 #[inline(always)]
 fn local() -> u64 {
     let mult = TSC_MULT.load(Ordering::Relaxed);

@@ -103,6 +103,8 @@ pub(crate) const OFF_GENERATION: usize = 40;
 pub(crate) const OFF_MAP: usize = 48;
 pub(crate) const OFF_STATE: usize = 64;
 pub(crate) const OFF_FOREIGN: usize = 80;
+// `rseq::store_state_if` finds the foreign word 16 bytes past the state.
+const _: () = assert!(OFF_FOREIGN == OFF_STATE + 16);
 pub(crate) const OFF_RELEASED: usize = 88;
 pub(crate) const OFF_READ: usize = 128;
 pub(crate) const OFF_LOST_REPORTED: usize = 136;
@@ -137,7 +139,8 @@ fn map_entry(phys: usize, tag: u64) -> u64 {
     phys as u64 | (tag & MAP_TAG_MASK) << MAP_TAG_SHIFT
 }
 
-/// `Region::page_hint`: `valid:1 | seq:23 | slot:20 | phys:20`.
+/// `Region::page_hint`: `valid:1 | seq:23 | slot:20 | index:20`, where
+/// index is the page's place among the mapping's pages (header pages first).
 const HINT_VALID: u64 = 1 << 63;
 const HINT_SEQ_MASK: u64 = (1 << 23) - 1;
 const HINT_INDEX_MASK: u64 = (1 << 20) - 1;
@@ -217,55 +220,79 @@ enum StateStore {
 /// A reserved slot, between `reserve` and `commit`/`discard`.
 ///
 /// Two words, so that it travels in registers through the inlined write
-/// path: the payload pointer and `slot:32 | total:12 | len:12 | extend:1 |
-/// entered:1`. Everything else a discard needs is in the slot itself.
+/// path: the payload pointer and `total:12 | 1 | slot:32 | extend:1 |
+/// entered:1 | owner:1`. The low 13 bits are, as they stand,
+/// what a commit adds to the page's commit word (`total` bytes, one
+/// entry; see `WORD_BYTES_BITS`). Everything else a discard needs is in
+/// the slot itself.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawReservation {
     pub(crate) payload: *mut u8,
     meta: u64,
 }
 
+const META_SLOT_SHIFT: u32 = WORD_BYTES_BITS + 1;
+const META_EXTEND: u64 = 1 << (META_SLOT_SHIFT + 32);
+const META_ENTERED: u64 = META_EXTEND << 1;
+const META_OWNER: u64 = META_EXTEND << 2;
+const META_COMMIT_MASK: u64 = (1 << META_SLOT_SHIFT) - 1;
+
 impl RawReservation {
     #[inline(always)]
-    fn new(
-        payload: *mut u8,
-        slot: usize,
-        total: usize,
-        len: usize,
-        extend: bool,
-        entered: bool,
-    ) -> Self {
+    fn new(payload: *mut u8, slot: usize, total: usize, extend: bool, entered: bool) -> Self {
+        debug_assert!(total < 1 << WORD_BYTES_BITS);
         RawReservation {
             payload,
-            meta: slot as u64
-                | (total as u64) << 32
-                | (len as u64) << 44
-                | (extend as u64) << 56
-                | (entered as u64) << 57,
+            meta: total as u64
+                | 1 << WORD_BYTES_BITS
+                | (slot as u64) << META_SLOT_SHIFT
+                | if extend { META_EXTEND } else { 0 }
+                | if entered { META_ENTERED } else { 0 }
+                | if rseq::enabled() { META_OWNER } else { 0 },
+        }
+    }
+
+    /// A reservation made by an owner writer (so restartable sequences are
+    /// on, and the commit need not ask).
+    #[inline(always)]
+    fn new_owned(payload: *mut u8, slot: usize, total: usize) -> Self {
+        RawReservation {
+            payload,
+            meta: total as u64
+                | 1 << WORD_BYTES_BITS
+                | (slot as u64) << META_SLOT_SHIFT
+                | META_OWNER,
         }
     }
     #[inline(always)]
     fn slot(&self) -> usize {
-        self.meta as u32 as usize
+        (self.meta >> META_SLOT_SHIFT) as u32 as usize
     }
     /// Bytes reserved: event, plus its time extend if it has one.
     #[inline(always)]
     fn total(&self) -> usize {
-        (self.meta >> 32) as usize & 0xfff
+        self.meta as usize & ((1 << WORD_BYTES_BITS) - 1)
     }
-    /// Payload bytes the writer asked for.
+    /// What committing adds to the page's commit word: `total` bytes and
+    /// one entry.
     #[inline(always)]
-    pub(crate) fn len(&self) -> usize {
-        (self.meta >> 44) as usize & 0xfff
+    fn commit_add(&self) -> u64 {
+        self.meta & META_COMMIT_MASK
     }
     #[inline(always)]
     fn extend(&self) -> bool {
-        self.meta >> 56 & 1 != 0
+        self.meta & META_EXTEND != 0
     }
     /// Whether this reservation started a new page.
     #[inline(always)]
     pub(crate) fn entered_page(&self) -> bool {
-        self.meta >> 57 & 1 != 0
+        self.meta & META_ENTERED != 0
+    }
+    /// Whether restartable sequences were on when it was made, so the
+    /// commit may try one.
+    #[inline(always)]
+    fn owner(&self) -> bool {
+        self.meta & META_OWNER != 0
     }
 }
 
@@ -586,28 +613,41 @@ impl Region {
     /// in (so the slot's mapping cannot change under it), mostly without a
     /// division or a look at the slot map.
     #[inline(always)]
-    fn current_page(&self, seq: u64) -> (usize, usize) {
+    fn current_page(&self, seq: u64) -> (usize, *mut u8) {
         let h = self.page_hint.load(Ordering::Relaxed);
         if h & HINT_VALID != 0 && (h >> 40) & HINT_SEQ_MASK == seq & HINT_SEQ_MASK {
-            return (
-                ((h >> 20) & HINT_INDEX_MASK) as usize,
-                (h & HINT_INDEX_MASK) as usize,
-            );
+            // SAFETY: the hint's page index was clamped into the mapping
+            // when the hint was made (`set_page_hint`).
+            let page = unsafe {
+                self.map
+                    .ptr()
+                    .add((h & HINT_INDEX_MASK) as usize * PAGE_SIZE)
+            };
+            return (((h >> 20) & HINT_INDEX_MASK) as usize, page);
         }
         self.current_page_slow(seq)
     }
 
     #[inline(never)]
-    fn current_page_slow(&self, seq: u64) -> (usize, usize) {
+    fn current_page_slow(&self, seq: u64) -> (usize, *mut u8) {
         let slot = self.slot_of(seq);
         let phys = map_phys(self.map_word(slot).load(Ordering::Acquire));
-        if (self.nr_pages as u64) < HINT_INDEX_MASK {
+        self.set_page_hint(seq, slot, phys);
+        (slot, self.phys_ptr(phys))
+    }
+
+    /// Remembers that page `seq` is in `slot`, physical page `phys`: its
+    /// index among the mapping's pages, clamped as `phys_ptr` clamps, so
+    /// that `current_page` needs no clamp of its own. Regions too big for
+    /// the hint's fields go without it.
+    fn set_page_hint(&self, seq: u64, slot: usize, phys: usize) {
+        let index = (self.pages_off / PAGE_SIZE + phys.min(self.nr_pages)) as u64;
+        if index < HINT_INDEX_MASK && (slot as u64) < HINT_INDEX_MASK {
             self.page_hint.store(
-                HINT_VALID | (seq & HINT_SEQ_MASK) << 40 | (slot as u64) << 20 | phys as u64,
+                HINT_VALID | (seq & HINT_SEQ_MASK) << 40 | (slot as u64) << 20 | index,
                 Ordering::Relaxed,
             );
         }
-        (slot, phys)
     }
 
     /// The slot map entry of `slot`.
@@ -700,60 +740,64 @@ impl Region {
     }
 
     /// Reserves room for an event of `len` payload bytes (at most
-    /// `page::MAX_PAYLOAD`). Lock-free: a failed attempt means another
-    /// writer made progress.
+    /// `page::MAX_PAYLOAD`) as the owner: the calling thread's rseq `area`
+    /// says it runs on `cpu`, this region's CPU, and `now` is the clock,
+    /// read by the caller before anything else.
     ///
-    /// The common case — the event fits in the current page with a delta
-    /// that fits its header — is `reserve_fast`: inline, one attempt, and
-    /// `None` sends the writer here (`reserve`) for everything else: page
-    /// ends, time extends, retries, refusals.
+    /// This is the common case — the event fits in the current page with a
+    /// delta that fits its header — inline, one attempt, no locked
+    /// instruction; `None` sends the writer to `reserve` for everything
+    /// else: page ends, time extends, foreign writers, migrations, retries.
+    /// The state loads are relaxed: the sequence's compare is what
+    /// validates them, and nothing else is read on their strength.
     #[inline(always)]
     pub(crate) fn reserve_fast(
         &self,
         len: usize,
-        clock: Clock,
-        writer: Writer,
+        now: u64,
+        area: *mut u8,
+        cpu: u32,
     ) -> Option<RawReservation> {
         let size = event_size(len) as u64;
-        // The clock first: rdtsc is microcoded and holds up the front end,
-        // and issued before the state loads and the position arithmetic it
-        // overlaps more of them (`ring_buffer_write_32b`: 19 ns against 25
-        // when read after the checks, on a 2.6 GHz KVM guest).
-        let now = clock::now(clock);
-        let cur = self.load_state();
-        let pos = cur[0];
+        let state = self.atomic(OFF_STATE);
+        let pos = state.load(Ordering::Relaxed);
+        let last = self.atomic(OFF_STATE + 8).load(Ordering::Relaxed);
         let off = pos % D;
-        if pos & CLOSED == 0 && off != 0 && off + size <= D {
-            let ts = now.max(cur[1]);
-            let delta = ts - cur[1];
-            if delta <= TS_MASK {
-                if let StateStore::Done = self.store_state(writer, cur, [pos + size, ts]) {
-                    let (page_slot, phys) = self.current_page(pos / D);
-                    // SAFETY: [off, off + size) of the page is ours by the state
-                    // store; the page lies inside the mapping.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            self.phys_ptr(phys).add(PAGE_HEADER_SIZE + off as usize),
-                            size as usize,
-                        )
-                    };
-                    let p = write_data_header(bytes, size as usize, delta as u32);
-                    if p + len < bytes.len() {
-                        bytes[p + len..].fill(0);
-                    }
-                    return Some(RawReservation::new(
-                        // SAFETY: inside the reserved slot.
-                        unsafe { bytes.as_mut_ptr().add(p) },
-                        page_slot,
-                        size as usize,
-                        len,
-                        false,
-                        false,
-                    ));
-                }
-            }
+        // One unsigned compare: `off` is neither 0 (a page to enter) nor so
+        // far on that the event does not fit; a closed `pos` fails it too.
+        if pos & CLOSED != 0 || off.wrapping_sub(1) >= D - size {
+            return None;
         }
-        None
+        let ts = now.max(last);
+        let delta = ts - last;
+        if delta > TS_MASK {
+            return None;
+        }
+        // SAFETY: `area` is the calling thread's rseq area (the caller read
+        // `cpu` from it); the state is the 16-aligned state of our writable
+        // mapping, with the foreign word after it.
+        match unsafe {
+            rseq::store_state_if(area, cpu, state.as_ptr(), [pos, last], [pos + size, ts])
+        } {
+            rseq::Outcome::Done => {}
+            _ => return None,
+        }
+        let (page_slot, page) = self.current_page(pos / D);
+        // SAFETY: [off, off + size) of the page's data is ours by the state
+        // store; the page lies inside the mapping.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(page.add(PAGE_HEADER_SIZE + off as usize), size as usize)
+        };
+        let p = write_data_header(bytes, size as usize, delta as u32);
+        if p + len < bytes.len() {
+            bytes[p + len..].fill(0);
+        }
+        Some(RawReservation::new_owned(
+            // SAFETY: inside the reserved slot.
+            unsafe { bytes.as_mut_ptr().add(p) },
+            page_slot,
+            size as usize,
+        ))
     }
 
     /// Reserves room for an event of `len` payload bytes, in any case.
@@ -816,10 +860,22 @@ impl Region {
                             )
                         };
                         write_end_padding(tail);
-                        self.commit_bytes(self.slot_of(ps), (DATA_SIZE - po) as u64, 0);
+                        self.commit_bytes(
+                            self.slot_of(ps),
+                            (DATA_SIZE - po) as u64,
+                            rseq::enabled(),
+                        );
                     }
                     let es = start / D;
-                    let page = self.page_ptr(es);
+                    let page = if enter.is_some() {
+                        let slot = self.slot_of(es);
+                        let phys = map_phys(self.map_word(slot).load(Ordering::Acquire));
+                        // The fast path finds the page it enters from here on.
+                        self.set_page_hint(es, slot, phys);
+                        self.phys_ptr(phys)
+                    } else {
+                        self.page_ptr(es)
+                    };
                     if enter.is_some() {
                         // SAFETY: the first reservation of a page owns its header
                         // until it commits; nobody reads the page before that.
@@ -847,7 +903,6 @@ impl Region {
                         unsafe { slot.as_mut_ptr().add(at + p) },
                         self.slot_of(es),
                         total as usize,
-                        len,
                         extend,
                         enter.is_some(),
                     ));
@@ -987,11 +1042,10 @@ impl Region {
         let state = self.map.ptr().wrapping_add(OFF_STATE).cast::<u64>();
         match writer {
             Writer::Owner { area, cpu } => {
-                let foreign = self.atomic(OFF_FOREIGN).as_ptr();
                 // SAFETY: `area` is the calling thread's rseq area (Writer::Owner
                 // is only built from `cpu::rseq_here`); `state` is the 16-aligned
-                // state of our writable mapping and `foreign` a word in it.
-                match unsafe { rseq::store_state_if(area, cpu, state, foreign, cur, new) } {
+                // state of our writable mapping, with the foreign word after it.
+                match unsafe { rseq::store_state_if(area, cpu, state, cur, new) } {
                     rseq::Outcome::Done => StateStore::Done,
                     rseq::Outcome::Changed | rseq::Outcome::Aborted => StateStore::Retry,
                     rseq::Outcome::WrongCpu => StateStore::Migrated,
@@ -1063,11 +1117,12 @@ impl Region {
     /// Adds committed bytes and entries to the page in `slot` (whose
     /// words `prepare_page` already moved to its lap): a plain addition to
     /// the local word when the committing thread is on the region's CPU
-    /// (whichever CPU it reserved on), else a locked one to the remote word.
+    /// (whichever CPU it reserved on), else a locked one to the remote
+    /// word. `add` is `entries << WORD_BYTES_BITS | bytes`; `owner` says
+    /// restartable sequences are on (see `RawReservation::owner`).
     #[inline(always)]
-    fn commit_bytes(&self, slot: usize, bytes: u64, entries: u64) {
-        let add = (entries << WORD_BYTES_BITS) | bytes;
-        if rseq::enabled() {
+    fn commit_bytes(&self, slot: usize, add: u64, owner: bool) {
+        if owner {
             let local = self.local_word_at(slot).as_ptr();
             // The sequence itself checks that the thread is on `self.cpu`
             // (an unregistered thread's area names no CPU, so it fails too).
@@ -1090,7 +1145,7 @@ impl Region {
     /// it was made).
     #[inline(always)]
     pub(crate) fn commit(&self, r: &RawReservation) {
-        self.commit_bytes(r.slot(), r.total() as u64, 1);
+        self.commit_bytes(r.slot(), r.commit_add(), r.owner());
     }
 
     /// Withdraws a reservation: the bytes become a time extend (so later
@@ -1113,7 +1168,7 @@ impl Region {
             low
         };
         page::write_discarded(slot, total, delta, r.extend());
-        self.commit_bytes(r.slot(), total as u64, 0);
+        self.commit_bytes(r.slot(), total as u64, r.owner());
     }
 
     /// Counts one event refused without trying to reserve (a forked child
@@ -1702,7 +1757,7 @@ mod tests {
             .reserve(60, Clock::Counter, true, Writer::Foreign)
             .expect("overwrite mode always has room");
         // SAFETY: the reservation's payload is 60 writable bytes.
-        let p = unsafe { std::slice::from_raw_parts_mut(raw.payload, raw.len()) };
+        let p = unsafe { std::slice::from_raw_parts_mut(raw.payload, 60) };
         p[..4].copy_from_slice(&i.to_le_bytes());
         r.commit(&raw);
     }

@@ -151,21 +151,12 @@ pub(crate) fn barrier_writers() -> bool {
     )
 }
 
-fn outcome(code: u32) -> Outcome {
-    match code {
-        0 => Outcome::Done,
-        1 => Outcome::Changed,
-        2 => Outcome::WrongCpu,
-        3 => Outcome::Foreign,
-        _ => Outcome::Aborted,
-    }
-}
-
 /// The opening of a restartable sequence, as one asm template: the
 /// `struct rseq_cs` descriptor (in the `__rseq_cs` section, 32-byte aligned
 /// as the kernel requires) covering labels 4 (start) to 5 (post-commit),
-/// abort at 6; arming `rseq->rseq_cs`; then, inside, the CPU check (to 7).
-/// Needs operands `area`, `cpu` and a scratch `tmp`.
+/// abort at 6; arming `rseq->rseq_cs`; then, inside, the CPU check, which
+/// leaves for the caller's `wrong_cpu` label. Needs operands `area`, `cpu`,
+/// a scratch `tmp` and the label `wrong_cpu`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! rseq_begin {
     () => {
@@ -180,82 +171,75 @@ macro_rules! rseq_begin {
             "movq {tmp}, 8({area})\n",
             "4:\n",
             "cmpl {cpu:e}, 4({area})\n",
-            "jne 7f\n",
+            "jne {wrong_cpu}\n",
         )
     };
 }
 
 /// The close of a restartable sequence, right after its commit store:
-/// label 5, code 0 (done); glibc's x86 signature 0x53053053 in the 4 bytes
-/// before the abort label 6 (inside a `ud1`, so the bytes still decode as
-/// one instruction), code 4 (aborted); label 7, code 2 (wrong CPU). Ends
-/// with the wrong-CPU code set; the caller jumps or falls through to `2:`.
+/// label 5 ends the asm, so a completed sequence falls straight through
+/// into the caller's code. The abort handler lives out of line, in its own
+/// text section (no jump over it on the hot path): glibc's x86 signature
+/// 0x53053053 in the 4 bytes before label 6 (inside a `ud1`, so the bytes
+/// still decode as one instruction), then a jump to the caller's `aborted`
+/// label.
 #[cfg(target_arch = "x86_64")]
 macro_rules! rseq_end {
     () => {
         concat!(
             "5:\n",
-            "xorl {code:e}, {code:e}\n",
-            "jmp 2f\n",
+            ".pushsection .text.ustrace_rseq_abort, \"ax\", @progbits\n",
             ".byte 0x0f, 0xb9, 0x3d\n",
             ".long 0x53053053\n",
             "6:\n",
-            "movl $4, {code:e}\n",
-            "jmp 2f\n",
-            "7:\n",
-            "movl $2, {code:e}\n",
+            "jmp {aborted}\n",
+            ".popsection\n",
         )
     };
 }
 
-/// On CPU `cpu`, if `*foreign == 0` and the 16 bytes at `state` equal
-/// `old`, stores `new` there with one 16-byte store (`movdqa`). One
+/// On CPU `cpu`, if the `foreign` word 16 bytes past `state` is 0 and the
+/// 16 bytes at `state` equal `old`, stores `new` there with one 16-byte store (`movdqa`). One
 /// instruction is what makes it a single commit point: an interrupt or
 /// preemption lands before or after it, never inside. Readers on other
 /// CPUs load the two halves separately and need each 8-byte half whole,
 /// which an aligned store gives (and AVX CPUs make the whole 16 atomic).
 ///
+/// Every outcome but `Done` leaves the asm by a jump to its own label, so
+/// that once inlined the caller's `match` is the branches themselves.
+///
 /// # Safety
 /// `area` is the calling thread's registered rseq area; `state` is 16-byte
-/// aligned and writable, `foreign` readable, both for the whole call.
+/// aligned and writable, and the `foreign` word after it readable, for
+/// the whole call.
 #[cfg(target_arch = "x86_64")]
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn store_state_if(
     area: *mut u8,
     cpu: u32,
     state: *mut u64,
-    foreign: *const u64,
     old: [u64; 2],
     new: [u64; 2],
 ) -> Outcome {
-    let code: u32;
-    // SAFETY: the caller guarantees the pointers. The abort and exit paths
-    // lie outside [start, post) (see `rseq_begin`/`rseq_end`), and the
-    // store at the end of the range is the only write.
+    // SAFETY: the caller guarantees the pointers. The abort stub and the
+    // exits lie outside [start, post) (see `rseq_begin`/`rseq_end`), and
+    // the store at the end of the range is the only write.
     unsafe {
         core::arch::asm!(
             "movq {nlo}, {x}",
             "movq {nhi}, {y}",
             "punpcklqdq {y}, {x}",
             rseq_begin!(),
-            "cmpq $0, ({foreign})",
-            "jne 8f",
+            "cmpq $0, 16({state})",
+            "jne {busy}",
             "cmpq {olo}, ({state})",
-            "jne 9f",
+            "jne {changed}",
             "cmpq {ohi}, 8({state})",
-            "jne 9f",
+            "jne {changed}",
             "movdqa {x}, ({state})",
             rseq_end!(),
-            "jmp 2f",
-            "8:",
-            "movl $3, {code:e}",
-            "jmp 2f",
-            "9:",
-            "movl $1, {code:e}",
-            "2:",
             area = in(reg) area,
             cpu = in(reg) cpu,
-            foreign = in(reg) foreign,
             state = in(reg) state,
             olo = in(reg) old[0],
             ohi = in(reg) old[1],
@@ -264,42 +248,44 @@ pub(crate) unsafe fn store_state_if(
             x = out(xmm_reg) _,
             y = out(xmm_reg) _,
             tmp = out(reg) _,
-            code = out(reg) code,
+            wrong_cpu = label { return Outcome::WrongCpu },
+            busy = label { return Outcome::Foreign },
+            changed = label { return Outcome::Changed },
+            aborted = label { return Outcome::Aborted },
             options(att_syntax, nostack),
         );
     }
-    outcome(code)
+    Outcome::Done
 }
 
-/// On CPU `cpu`, adds `add` to the u64 at `word` with a plain load and store.
+/// On CPU `cpu`, adds `add` to the u64 at `word` with one non-locked
+/// `add` to memory: a single instruction, so it is the commit point, and
+/// atomic against everything else on this CPU.
 ///
 /// # Safety
 /// `area` is the calling thread's registered rseq area; `word` is 8-byte
 /// aligned and writable, and written only by sequences of CPU `cpu` (plus
 /// locked writes that cannot overlap them, see `region.rs`).
 #[cfg(target_arch = "x86_64")]
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn add_on_cpu(area: *mut u8, cpu: u32, word: *mut u64, add: u64) -> Outcome {
-    let code: u32;
-    // SAFETY: as in `store_state_if`; the final `movq` to the word is the commit.
+    // SAFETY: as in `store_state_if`; the `addq` to the word is the commit.
     unsafe {
         core::arch::asm!(
             rseq_begin!(),
-            "movq ({word}), {tmp}",
-            "addq {add}, {tmp}",
-            "movq {tmp}, ({word})",
+            "addq {add}, ({word})",
             rseq_end!(),
-            "2:",
             area = in(reg) area,
             cpu = in(reg) cpu,
             word = in(reg) word,
             add = in(reg) add,
             tmp = out(reg) _,
-            code = out(reg) code,
+            wrong_cpu = label { return Outcome::WrongCpu },
+            aborted = label { return Outcome::Aborted },
             options(att_syntax, nostack),
         );
     }
-    outcome(code)
+    Outcome::Done
 }
 
 /// Never called: [`enabled`] is false off x86_64.
@@ -346,42 +332,44 @@ mod tests {
     #[test]
     fn store_state_if_compares_and_checks_cpu() {
         let Some(_) = here() else { return };
+        // The state, then the foreign word 16 bytes on, as in a region.
         #[repr(align(16))]
-        struct State([u64; 2]);
-        let mut st = State([5, 7]);
-        let foreign = 0u64;
+        struct State([u64; 3]);
+        let mut st = State([5, 7, 0]);
         let mut done = 0;
         for _ in 0..1000 {
             let (area, cpu) = crate::cpu::rseq_here().unwrap();
             let p = st.0.as_mut_ptr();
-            // SAFETY: area is ours, the state is aligned and local.
-            match unsafe { store_state_if(area, cpu, p, &foreign, [1, 2], [9, 9]) } {
+            // SAFETY: area is ours, the state is aligned and local, with its
+            // foreign word after it.
+            match unsafe { store_state_if(area, cpu, p, [1, 2], [9, 9]) } {
                 Outcome::Changed => {}
                 Outcome::Aborted | Outcome::WrongCpu => continue,
                 o => panic!("mismatching state gave {o:?}"),
             }
-            assert_eq!(st.0, [5, 7]);
+            assert_eq!(st.0, [5, 7, 0]);
             // SAFETY: as above.
-            match unsafe { store_state_if(area, cpu, p, &foreign, [5, 7], [6, 8]) } {
+            match unsafe { store_state_if(area, cpu, p, [5, 7], [6, 8]) } {
                 Outcome::Done => {
-                    assert_eq!(st.0, [6, 8]);
-                    st.0 = [5, 7];
+                    assert_eq!(st.0, [6, 8, 0]);
+                    st.0 = [5, 7, 0];
                     done += 1;
                 }
                 Outcome::Aborted | Outcome::WrongCpu => {}
                 o => panic!("matching state gave {o:?}"),
             }
             // SAFETY: as above; a CPU number no thread runs on.
-            let o = unsafe { store_state_if(area, u32::MAX, p, &foreign, [5, 7], [1, 1]) };
+            let o = unsafe { store_state_if(area, u32::MAX, p, [5, 7], [1, 1]) };
             assert!(matches!(o, Outcome::WrongCpu | Outcome::Aborted), "{o:?}");
-            let busy = 1u64;
-            // SAFETY: as above.
-            let o = unsafe { store_state_if(area, cpu, p, &busy, [5, 7], [1, 1]) };
+            st.0[2] = 1;
+            // SAFETY: as above; a foreign writer is marked active.
+            let o = unsafe { store_state_if(area, cpu, st.0.as_mut_ptr(), [5, 7], [1, 1]) };
             assert!(
                 matches!(o, Outcome::Foreign | Outcome::Aborted | Outcome::WrongCpu),
                 "{o:?}"
             );
-            assert_eq!(st.0, [5, 7]);
+            assert_eq!(st.0, [5, 7, 1]);
+            st.0[2] = 0;
         }
         assert!(done > 900, "only {done} of 1000 sequences completed");
     }
