@@ -253,6 +253,68 @@ fn clock_change_resets_and_stamps_with_new_clock() {
     );
 }
 
+/// The owner's fast path handles recording with the `local` clock only:
+/// a clock change and `tracing_on` must take writers off it and back on,
+/// on every CPU (a buffer per CPU, so whichever CPU the test runs on has
+/// one and writes as its owner).
+#[test]
+fn fast_path_follows_clock_and_recording() {
+    let rb = RingBuffer::new(Config {
+        nr_cpus: ustrace_ringbuf::cpu::possible_cpus(),
+        size_per_cpu: 4 * DATA_SIZE,
+        overwrite: true,
+        clock: Clock::Local,
+        name: "fastpath".into(),
+    })
+    .unwrap();
+    // A stamp of the global counter is small; one of `local` is
+    // nanoseconds of TSC time, which any machine has run for a second of.
+    let counter_like = |ts: u64| ts < 1_000_000_000;
+    for round in 0..2 {
+        rb.set_clock(Clock::Counter);
+        for _ in 0..3 {
+            assert!(rb.write(b"cntr"));
+        }
+        let mut n = 0;
+        while let Some(e) = rb.consume_any() {
+            assert!(counter_like(e.ts), "round {round}: counter stamp {}", e.ts);
+            n += 1;
+        }
+        assert_eq!(n, 3, "round {round}");
+        rb.set_clock(Clock::Local);
+        for _ in 0..3 {
+            assert!(rb.write(b"locl"));
+        }
+        let mut n = 0;
+        while let Some(e) = rb.consume_any() {
+            assert!(!counter_like(e.ts), "round {round}: local stamp {}", e.ts);
+            n += 1;
+        }
+        assert_eq!(n, 3, "round {round}");
+    }
+    // x86-tsc counts cycles, more than `local`'s nanoseconds: a writer
+    // wrongly on the fast path would take max(local, last) = last, and
+    // stamp every event after a page's first with that page's first stamp.
+    rb.set_clock(Clock::X86Tsc);
+    for _ in 0..3 {
+        assert!(rb.write(b"tsc!"));
+    }
+    let stamps: Vec<u64> = std::iter::from_fn(|| rb.consume_any().map(|e| e.ts)).collect();
+    assert_eq!(stamps.len(), 3);
+    assert!(
+        stamps.windows(2).all(|w| w[1] > w[0]),
+        "x86-tsc stamps do not advance: {stamps:?}"
+    );
+    rb.set_clock(Clock::Local);
+    rb.set_recording(false);
+    assert!(!rb.write(b"off!"));
+    assert!(rb.consume_any().is_none());
+    rb.set_recording(true);
+    assert!(rb.write(b"on!!"));
+    assert_eq!(rb.consume_any().map(|e| e.ts > 0), Some(true));
+    assert!(rb.consume_any().is_none());
+}
+
 #[test]
 fn wait_times_out_then_wakes() {
     let rb = std::sync::Arc::new(buf("wait", 4, true));
