@@ -146,14 +146,30 @@ pub(crate) fn local_is_tsc() -> bool {
 /// check of its own (the writer's fast path checked once, in advance).
 #[inline(always)]
 pub(crate) fn local_tsc() -> u64 {
+    tsc_ns(TSC_MULT.load(Ordering::Relaxed)).unwrap_or(0)
+}
+
+#[inline(always)]
+fn local() -> u64 {
     let mult = TSC_MULT.load(Ordering::Relaxed);
+    if mult != 0 {
+        if let Some(ns) = tsc_ns(mult) {
+            return ns;
+        }
+    }
+    gettime(libc::CLOCK_MONOTONIC)
+}
+
+/// The TSC scaled by `mult` (`tsc * mult >> 32`), read and scaled in one
+/// asm block: the compiler cannot hoist the read away from its scaling and
+/// keep the multiplier (or the raw count) in a stack slot meanwhile, which
+/// puts a store-forwarding round trip on the path from the clock to the
+/// reservation. `None` where there is no TSC.
+#[inline(always)]
+fn tsc_ns(mult: u64) -> Option<u64> {
     #[cfg(target_arch = "x86_64")]
     {
         let ns: u64;
-        // One block, read and scale together: the compiler cannot hoist the
-        // read away from its scaling and keep the multiplier (or the raw
-        // count) in a stack slot meanwhile, which puts a store-forwarding
-        // round trip on the path from the clock to the reservation.
         // SAFETY: rdtsc and arithmetic on registers only; no memory touched.
         unsafe {
             core::arch::asm!(
@@ -168,24 +184,13 @@ pub(crate) fn local_tsc() -> u64 {
                 options(att_syntax, nomem, nostack),
             );
         }
-        ns
+        Some(ns)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let t = tsc().unwrap_or(0);
-        ((u128::from(t) * u128::from(mult)) >> 32) as u64
+        let _ = mult;
+        None
     }
-}
-
-#[inline(always)]
-fn local() -> u64 {
-    let mult = TSC_MULT.load(Ordering::Relaxed);
-    if mult != 0 {
-        if let Some(t) = tsc() {
-            return ((u128::from(t) * u128::from(mult)) >> 32) as u64;
-        }
-    }
-    gettime(libc::CLOCK_MONOTONIC)
 }
 
 #[inline]

@@ -238,8 +238,17 @@ const META_OWNER: u64 = META_EXTEND << 2;
 const META_COMMIT_MASK: u64 = (1 << META_SLOT_SHIFT) - 1;
 
 impl RawReservation {
+    /// `owner`: restartable sequences are on (an owner writer's fast path
+    /// knows it; others ask `rseq::enabled()`), so the commit may try one.
     #[inline(always)]
-    fn new(payload: *mut u8, slot: usize, total: usize, extend: bool, entered: bool) -> Self {
+    fn new(
+        payload: *mut u8,
+        slot: usize,
+        total: usize,
+        extend: bool,
+        entered: bool,
+        owner: bool,
+    ) -> Self {
         debug_assert!(total < 1 << WORD_BYTES_BITS);
         RawReservation {
             payload,
@@ -248,22 +257,10 @@ impl RawReservation {
                 | (slot as u64) << META_SLOT_SHIFT
                 | if extend { META_EXTEND } else { 0 }
                 | if entered { META_ENTERED } else { 0 }
-                | if rseq::enabled() { META_OWNER } else { 0 },
+                | if owner { META_OWNER } else { 0 },
         }
     }
 
-    /// A reservation made by an owner writer (so restartable sequences are
-    /// on, and the commit need not ask).
-    #[inline(always)]
-    fn new_owned(payload: *mut u8, slot: usize, total: usize) -> Self {
-        RawReservation {
-            payload,
-            meta: total as u64
-                | 1 << WORD_BYTES_BITS
-                | (slot as u64) << META_SLOT_SHIFT
-                | META_OWNER,
-        }
-    }
     #[inline(always)]
     fn slot(&self) -> usize {
         (self.meta >> META_SLOT_SHIFT) as u32 as usize
@@ -792,11 +789,14 @@ impl Region {
         if p + len < bytes.len() {
             bytes[p + len..].fill(0);
         }
-        Some(RawReservation::new_owned(
+        Some(RawReservation::new(
             // SAFETY: inside the reserved slot.
             unsafe { bytes.as_mut_ptr().add(p) },
             page_slot,
             size as usize,
+            false,
+            false,
+            true,
         ))
     }
 
@@ -867,16 +867,12 @@ impl Region {
                         );
                     }
                     let es = start / D;
-                    let page = if enter.is_some() {
-                        let slot = self.slot_of(es);
-                        let phys = map_phys(self.map_word(slot).load(Ordering::Acquire));
-                        // The fast path finds the page it enters from here on.
-                        self.set_page_hint(es, slot, phys);
-                        self.phys_ptr(phys)
-                    } else {
-                        self.page_ptr(es)
-                    };
+                    let page_slot = self.slot_of(es);
+                    let phys = map_phys(self.map_word(page_slot).load(Ordering::Acquire));
+                    let page = self.phys_ptr(phys);
                     if enter.is_some() {
+                        // The fast path finds the page it enters from here on.
+                        self.set_page_hint(es, page_slot, phys);
                         // SAFETY: the first reservation of a page owns its header
                         // until it commits; nobody reads the page before that.
                         unsafe { page.cast::<u64>().write(ts) };
@@ -901,10 +897,11 @@ impl Region {
                     return Ok(RawReservation::new(
                         // SAFETY: inside the reserved slot.
                         unsafe { slot.as_mut_ptr().add(at + p) },
-                        self.slot_of(es),
+                        page_slot,
                         total as usize,
                         extend,
                         enter.is_some(),
+                        rseq::enabled(),
                     ));
                 }
             }

@@ -199,9 +199,10 @@ macro_rules! rseq_end {
 }
 
 /// On CPU `cpu`, if the `foreign` word 16 bytes past `state` is 0 and the
-/// 16 bytes at `state` equal `old`, stores `new` there with one 16-byte store (`movdqa`). One
-/// instruction is what makes it a single commit point: an interrupt or
-/// preemption lands before or after it, never inside. Readers on other
+/// 16 bytes at `state` equal `old`, stores `new` there with one 16-byte
+/// store (`movdqa`). One instruction is what makes it a single commit
+/// point: an interrupt or preemption lands before or after it, never
+/// inside. Readers on other
 /// CPUs load the two halves separately and need each 8-byte half whole,
 /// which an aligned store gives (and AVX CPUs make the whole 16 atomic).
 ///
