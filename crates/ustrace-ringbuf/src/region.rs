@@ -139,11 +139,39 @@ fn map_entry(phys: usize, tag: u64) -> u64 {
     phys as u64 | (tag & MAP_TAG_MASK) << MAP_TAG_SHIFT
 }
 
-/// `Region::page_hint`: `valid:1 | seq:23 | slot:20 | index:20`, where
-/// index is the page's place among the mapping's pages (header pages first).
-const HINT_VALID: u64 = 1 << 63;
-const HINT_SEQ_MASK: u64 = (1 << 23) - 1;
-const HINT_INDEX_MASK: u64 = (1 << 20) - 1;
+/// Where writers are: the page they write in, so that the owner's fast
+/// path finds its offset and its page with neither a division (by the data
+/// size, or by `nr_pages`) nor a look at the slot map.
+///
+/// `start` is the position of the page's first data byte (`seq * D`), or
+/// [`NO_PAGE`]; `place` is `slot << 32 | index`, where index is the page's
+/// place among the mapping's pages (header pages first). The pair only
+/// changes as a whole (a double-width CAS) and only forwards: a hint is
+/// replaced only by one for a later page. So a writer that reads `start`
+/// (acquire) and then `place` sees either one hint, or a `place` newer than
+/// its `start`. A newer place means some writer has entered a later page,
+/// which moved the reservation state on before the hint was made: the fast
+/// path, which only trusts the hint when the position it read is inside
+/// `start`'s page, then fails its sequence's compare of that position.
+#[repr(C, align(16))]
+struct PageHint {
+    start: AtomicU64,
+    place: AtomicU64,
+}
+
+/// `PageHint::start` before any page is hinted: no position (they stay far
+/// below 2^62) is within a page of it, whether closed or not, so the fast
+/// path's one offset check fails on it.
+const NO_PAGE: u64 = 3 << 62;
+
+impl PageHint {
+    const fn new() -> Self {
+        PageHint {
+            start: AtomicU64::new(NO_PAGE),
+            place: AtomicU64::new(0),
+        }
+    }
+}
 
 const WORD_BYTES_BITS: u32 = 12;
 const WORD_ENTRIES_BITS: u32 = 12;
@@ -349,10 +377,8 @@ pub(crate) struct Region {
     pages_off: usize,
     /// The CPU whose restartable sequences own the local commit words.
     cpu: u32,
-    /// `valid:1 | seq:23 | slot:20 | phys:20` of the page writers are in,
-    /// so the fast path needs neither a division by `nr_pages` nor the
-    /// slot map (0 = none yet).
-    page_hint: AtomicU64,
+    /// The page writers are in (see [`PageHint`]).
+    page_hint: PageHint,
 }
 
 /// Holds a region's `foreign` count up while a non-owner touches its state.
@@ -496,7 +522,7 @@ impl Region {
             map_off: Self::map_offset(nr_pages),
             pages_off,
             cpu: cpu as u32,
-            page_hint: AtomicU64::new(0),
+            page_hint: PageHint::new(),
         };
         for slot in 0..nr_pages {
             r.map_word(slot)
@@ -541,7 +567,7 @@ impl Region {
             map_off: 0,
             pages_off: 0,
             cpu: 0,
-            page_hint: AtomicU64::new(0),
+            page_hint: PageHint::new(),
         };
         let magic = r.atomic(OFF_MAGIC).load(Ordering::Acquire);
         // SAFETY: header fields are inside the first 256 bytes (checked above);
@@ -578,7 +604,7 @@ impl Region {
             map_off: slot_map,
             pages_off: pages,
             cpu,
-            page_hint: AtomicU64::new(0),
+            page_hint: PageHint::new(),
         })
     }
 
@@ -606,44 +632,27 @@ impl Region {
         (seq % self.nr_pages as u64) as usize
     }
 
-    /// `(slot, physical page)` of page `seq`, which the caller is writing
-    /// in (so the slot's mapping cannot change under it), mostly without a
-    /// division or a look at the slot map.
-    #[inline(always)]
-    fn current_page(&self, seq: u64) -> (usize, *mut u8) {
-        let h = self.page_hint.load(Ordering::Relaxed);
-        if h & HINT_VALID != 0 && (h >> 40) & HINT_SEQ_MASK == seq & HINT_SEQ_MASK {
-            // SAFETY: the hint's page index was clamped into the mapping
-            // when the hint was made (`set_page_hint`).
-            let page = unsafe {
-                self.map
-                    .ptr()
-                    .add((h & HINT_INDEX_MASK) as usize * PAGE_SIZE)
-            };
-            return (((h >> 20) & HINT_INDEX_MASK) as usize, page);
-        }
-        self.current_page_slow(seq)
-    }
-
-    #[inline(never)]
-    fn current_page_slow(&self, seq: u64) -> (usize, *mut u8) {
-        let slot = self.slot_of(seq);
-        let phys = map_phys(self.map_word(slot).load(Ordering::Acquire));
-        self.set_page_hint(seq, slot, phys);
-        (slot, self.phys_ptr(phys))
-    }
-
-    /// Remembers that page `seq` is in `slot`, physical page `phys`: its
-    /// index among the mapping's pages, clamped as `phys_ptr` clamps, so
-    /// that `current_page` needs no clamp of its own. Regions too big for
-    /// the hint's fields go without it.
+    /// Remembers that page `seq` is in `slot`, physical page `phys`, unless
+    /// a later page is already hinted. Called by writers holding a
+    /// reservation in that page, so its slot's mapping cannot change
+    /// meanwhile. The index is clamped as `phys_ptr` clamps, so the fast
+    /// path needs no clamp of its own.
     fn set_page_hint(&self, seq: u64, slot: usize, phys: usize) {
         let index = (self.pages_off / PAGE_SIZE + phys.min(self.nr_pages)) as u64;
-        if index < HINT_INDEX_MASK && (slot as u64) < HINT_INDEX_MASK {
-            self.page_hint.store(
-                HINT_VALID | (seq & HINT_SEQ_MASK) << 40 | (slot as u64) << 20 | index,
-                Ordering::Relaxed,
-            );
+        let new = [seq * D, (slot as u64) << 32 | index];
+        let ptr = self.page_hint.start.as_ptr();
+        let mut old = [
+            self.page_hint.start.load(Ordering::Relaxed),
+            self.page_hint.place.load(Ordering::Relaxed),
+        ];
+        while old[0] == NO_PAGE || old[0] < new[0] {
+            // SAFETY: `PageHint` is two u64s, 16-aligned, in `self`; every
+            // change to it goes through this CAS (or `reinit`, which has no
+            // writer to race).
+            match unsafe { cas128(ptr, old, new) } {
+                Ok(()) => return,
+                Err(found) => old = found,
+            }
         }
     }
 
@@ -759,10 +768,14 @@ impl Region {
         let state = self.atomic(OFF_STATE);
         let pos = state.load(Ordering::Relaxed);
         let last = self.atomic(OFF_STATE + 8).load(Ordering::Relaxed);
-        let off = pos % D;
-        // One unsigned compare: `off` is neither 0 (a page to enter) nor so
-        // far on that the event does not fit; a closed `pos` fails it too.
-        if pos & CLOSED != 0 || off.wrapping_sub(1) >= D - size {
+        // The place is read after the start (see `PageHint`).
+        let start = self.page_hint.start.load(Ordering::Acquire);
+        let place = self.page_hint.place.load(Ordering::Relaxed);
+        let off = pos.wrapping_sub(start);
+        // One unsigned compare: `pos` is in the hinted page, not at its
+        // start (a page to enter) and not so far on that the event does not
+        // fit. A closed `pos`, or no hint, fails it too.
+        if off.wrapping_sub(1) >= D - size {
             return None;
         }
         let ts = now.max(last);
@@ -779,7 +792,10 @@ impl Region {
             rseq::Outcome::Done => {}
             _ => return None,
         }
-        let (page_slot, page) = self.current_page(pos / D);
+        let page_slot = (place >> 32) as usize;
+        // SAFETY: the hint's index was clamped into the mapping when the
+        // hint was made (`set_page_hint`).
+        let page = unsafe { self.map.ptr().add(place as u32 as usize * PAGE_SIZE) };
         // SAFETY: [off, off + size) of the page's data is ours by the state
         // store; the page lies inside the mapping.
         let bytes = unsafe {
@@ -870,9 +886,13 @@ impl Region {
                     let page_slot = self.slot_of(es);
                     let phys = map_phys(self.map_word(page_slot).load(Ordering::Acquire));
                     let page = self.phys_ptr(phys);
-                    if enter.is_some() {
-                        // The fast path finds the page it enters from here on.
+                    if enter.is_some() || self.page_hint.start.load(Ordering::Relaxed) != es * D {
+                        // The fast path finds the page from here on (a writer
+                        // that entered it but has not hinted it yet is
+                        // caught up with here).
                         self.set_page_hint(es, page_slot, phys);
+                    }
+                    if enter.is_some() {
                         // SAFETY: the first reservation of a page owns its header
                         // until it commits; nobody reads the page before that.
                         unsafe { page.cast::<u64>().write(ts) };
@@ -1216,7 +1236,8 @@ impl Region {
             self.map_word(slot)
                 .store(map_entry(map_phys(m), 0), Ordering::Relaxed);
         }
-        self.page_hint.store(0, Ordering::Relaxed);
+        self.page_hint.start.store(NO_PAGE, Ordering::Relaxed);
+        self.page_hint.place.store(0, Ordering::Relaxed);
         for off in [
             OFF_READ,
             OFF_LOST_REPORTED,
@@ -1757,6 +1778,36 @@ mod tests {
         let p = unsafe { std::slice::from_raw_parts_mut(raw.payload, 60) };
         p[..4].copy_from_slice(&i.to_le_bytes());
         r.commit(&raw);
+    }
+
+    #[test]
+    fn page_hint_only_moves_forward_and_follows_writers() {
+        let r = region("hint", 4);
+        let hint = |r: &Region| {
+            (
+                r.page_hint.start.load(Ordering::Relaxed),
+                r.page_hint.place.load(Ordering::Relaxed),
+            )
+        };
+        assert_eq!(hint(&r).0, NO_PAGE);
+        let mut next = 0;
+        write(&r, next);
+        next += 1;
+        assert_eq!(hint(&r).0, 0, "entering page 0 hints it");
+        write_until_page(&r, &mut next, 2);
+        let at_two = hint(&r);
+        assert_eq!(at_two.0, 2 * D);
+        // A writer that hinted late, for a page already left, changes nothing.
+        r.set_page_hint(1, 1, 1);
+        assert_eq!(hint(&r), at_two);
+        // One that lost its hint is caught up with by the next slow write.
+        r.page_hint.start.store(NO_PAGE, Ordering::Relaxed);
+        write(&r, next);
+        assert_eq!(hint(&r), at_two);
+        r.close();
+        assert!(r.quiescent());
+        r.reinit();
+        assert_eq!(hint(&r).0, NO_PAGE);
     }
 
     fn write_until_page(r: &Region, next: &mut u32, page: u64) {
