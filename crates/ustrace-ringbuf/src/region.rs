@@ -144,8 +144,9 @@ fn map_entry(phys: usize, tag: u64) -> u64 {
 /// size, or by `nr_pages`) nor a look at the slot map.
 ///
 /// `start` is the position of the page's first data byte (`seq * D`), or
-/// [`NO_PAGE`]; `place` is `slot << 32 | index`, where index is the page's
-/// place among the mapping's pages (header pages first). The pair only
+/// [`NO_PAGE`]; `place` is `word << 32 | index`: the byte offset in the
+/// mapping of the slot's local commit word, and the page's place among
+/// the mapping's pages (header pages first). The pair only
 /// changes as a whole (a double-width CAS) and only forwards: a hint is
 /// replaced only by one for a later page. So a writer that reads `start`
 /// (acquire) and then `place` sees either one hint, or a `place` newer than
@@ -247,31 +248,33 @@ enum StateStore {
 
 /// A reserved slot, between `reserve` and `commit`/`discard`.
 ///
-/// Two words, so that it travels in registers through the inlined write
-/// path: the payload pointer and `total:12 | 1 | slot:32 | extend:1 |
-/// entered:1 | owner:1`. The low 13 bits are, as they stand,
-/// what a commit adds to the page's commit word (`total` bytes, one
+/// Three words, which travel in registers through the inlined write path,
+/// so that a commit looks nothing up: the payload pointer, the page
+/// slot's local commit word (its remote word follows it), and `total:12 |
+/// 1 | extend:1 | entered:1 | owner:1`. The low 13 bits of that are, as
+/// they stand, what a commit adds to the commit word (`total` bytes, one
 /// entry; see `WORD_BYTES_BITS`). Everything else a discard needs is in
 /// the slot itself.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawReservation {
     pub(crate) payload: *mut u8,
-    meta: u64,
+    word: *mut u64,
+    meta: u32,
 }
 
-const META_SLOT_SHIFT: u32 = WORD_BYTES_BITS + 1;
-const META_EXTEND: u64 = 1 << (META_SLOT_SHIFT + 32);
-const META_ENTERED: u64 = META_EXTEND << 1;
-const META_OWNER: u64 = META_EXTEND << 2;
-const META_COMMIT_MASK: u64 = (1 << META_SLOT_SHIFT) - 1;
+const META_EXTEND: u32 = 1 << (WORD_BYTES_BITS + 1);
+const META_ENTERED: u32 = META_EXTEND << 1;
+const META_OWNER: u32 = META_EXTEND << 2;
+const META_COMMIT_MASK: u32 = META_EXTEND - 1;
 
 impl RawReservation {
-    /// `owner`: restartable sequences are on (an owner writer's fast path
-    /// knows it; others ask `rseq::enabled()`), so the commit may try one.
+    /// `word`: the local commit word of the page's slot. `owner`:
+    /// restartable sequences are on (an owner writer's fast path knows it;
+    /// others ask `rseq::enabled()`), so the commit may try one.
     #[inline(always)]
     fn new(
         payload: *mut u8,
-        slot: usize,
+        word: *mut u64,
         total: usize,
         extend: bool,
         entered: bool,
@@ -280,19 +283,15 @@ impl RawReservation {
         debug_assert!(total < 1 << WORD_BYTES_BITS);
         RawReservation {
             payload,
-            meta: total as u64
+            word,
+            meta: total as u32
                 | 1 << WORD_BYTES_BITS
-                | (slot as u64) << META_SLOT_SHIFT
                 | if extend { META_EXTEND } else { 0 }
                 | if entered { META_ENTERED } else { 0 }
                 | if owner { META_OWNER } else { 0 },
         }
     }
 
-    #[inline(always)]
-    fn slot(&self) -> usize {
-        (self.meta >> META_SLOT_SHIFT) as u32 as usize
-    }
     /// Bytes reserved: event, plus its time extend if it has one.
     #[inline(always)]
     fn total(&self) -> usize {
@@ -302,7 +301,7 @@ impl RawReservation {
     /// one entry.
     #[inline(always)]
     fn commit_add(&self) -> u64 {
-        self.meta & META_COMMIT_MASK
+        u64::from(self.meta & META_COMMIT_MASK)
     }
     #[inline(always)]
     fn extend(&self) -> bool {
@@ -639,7 +638,8 @@ impl Region {
     /// path needs no clamp of its own.
     fn set_page_hint(&self, seq: u64, slot: usize, phys: usize) {
         let index = (self.pages_off / PAGE_SIZE + phys.min(self.nr_pages)) as u64;
-        let new = [seq * D, (slot as u64) << 32 | index];
+        let word = (self.words_off + slot * WORD_STRIDE) as u64;
+        let new = [seq * D, word << 32 | index];
         let ptr = self.page_hint.start.as_ptr();
         let mut old = [
             self.page_hint.start.load(Ordering::Relaxed),
@@ -792,10 +792,15 @@ impl Region {
             rseq::Outcome::Done => {}
             _ => return None,
         }
-        let page_slot = (place >> 32) as usize;
-        // SAFETY: the hint's index was clamped into the mapping when the
-        // hint was made (`set_page_hint`).
-        let page = unsafe { self.map.ptr().add(place as u32 as usize * PAGE_SIZE) };
+        // SAFETY: the hint's offsets are inside the mapping: the word's is
+        // a slot's, and the page index was clamped when the hint was made
+        // (`set_page_hint`).
+        let (word, page) = unsafe {
+            (
+                self.map.ptr().add((place >> 32) as usize).cast::<u64>(),
+                self.map.ptr().add(place as u32 as usize * PAGE_SIZE),
+            )
+        };
         // SAFETY: [off, off + size) of the page's data is ours by the state
         // store; the page lies inside the mapping.
         let bytes = unsafe {
@@ -808,7 +813,7 @@ impl Region {
         Some(RawReservation::new(
             // SAFETY: inside the reserved slot.
             unsafe { bytes.as_mut_ptr().add(p) },
-            page_slot,
+            word,
             size as usize,
             false,
             false,
@@ -877,7 +882,7 @@ impl Region {
                         };
                         write_end_padding(tail);
                         self.commit_bytes(
-                            self.slot_of(ps),
+                            self.local_word_at(self.slot_of(ps)).as_ptr(),
                             (DATA_SIZE - po) as u64,
                             rseq::enabled(),
                         );
@@ -917,7 +922,7 @@ impl Region {
                     return Ok(RawReservation::new(
                         // SAFETY: inside the reserved slot.
                         unsafe { slot.as_mut_ptr().add(at + p) },
-                        page_slot,
+                        self.local_word_at(page_slot).as_ptr(),
                         total as usize,
                         extend,
                         enter.is_some(),
@@ -1131,16 +1136,16 @@ impl Region {
         }
     }
 
-    /// Adds committed bytes and entries to the page in `slot` (whose
-    /// words `prepare_page` already moved to its lap): a plain addition to
-    /// the local word when the committing thread is on the region's CPU
-    /// (whichever CPU it reserved on), else a locked one to the remote
-    /// word. `add` is `entries << WORD_BYTES_BITS | bytes`; `owner` says
-    /// restartable sequences are on (see `RawReservation::owner`).
+    /// Adds committed bytes and entries to a page slot's commit words
+    /// (which `prepare_page` already moved to the page's lap), given the
+    /// slot's `local` word: a plain addition to it when the committing
+    /// thread is on the region's CPU (whichever CPU it reserved on), else
+    /// a locked one to the remote word after it. `add` is `entries <<
+    /// WORD_BYTES_BITS | bytes`; `owner` says restartable sequences are on
+    /// (see `RawReservation::owner`).
     #[inline(always)]
-    fn commit_bytes(&self, slot: usize, add: u64, owner: bool) {
+    fn commit_bytes(&self, local: *mut u64, add: u64, owner: bool) {
         if owner {
-            let local = self.local_word_at(slot).as_ptr();
             // The sequence itself checks that the thread is on `self.cpu`
             // (an unregistered thread's area names no CPU, so it fails too).
             let area = crate::cpu::rseq_area();
@@ -1155,14 +1160,16 @@ impl Region {
                 }
             }
         }
-        self.remote_word_at(slot).fetch_add(add, Ordering::SeqCst);
+        // SAFETY: `local` is a slot's local word; the remote word is the
+        // next u64 of the same slot's pair.
+        unsafe { AtomicU64::from_ptr(local.add(1)) }.fetch_add(add, Ordering::SeqCst);
     }
 
     /// Publishes a filled reservation (its alignment tail was zeroed when
     /// it was made).
     #[inline(always)]
     pub(crate) fn commit(&self, r: &RawReservation) {
-        self.commit_bytes(r.slot(), r.commit_add(), r.owner());
+        self.commit_bytes(r.word, r.commit_add(), r.owner());
     }
 
     /// Withdraws a reservation: the bytes become a time extend (so later
@@ -1171,7 +1178,9 @@ impl Region {
     pub(crate) fn discard(&self, r: &RawReservation) {
         let total = r.total();
         let size = total - if r.extend() { TIME_EXTEND_SIZE } else { 0 };
-        let page = self.page_ptr_at(r.slot());
+        // SAFETY: the word is a slot's local word, inside the mapping.
+        let word_at = unsafe { r.word.cast::<u8>().offset_from(self.map.ptr()) } as usize;
+        let page = self.page_ptr_at((word_at - self.words_off) / WORD_STRIDE);
         // SAFETY: the payload lies inside its page's data area.
         let payload_at = unsafe { r.payload.offset_from(page) } as usize;
         let data_off = payload_at - PAGE_HEADER_SIZE - payload_offset(size) - (total - size);
@@ -1185,7 +1194,7 @@ impl Region {
             low
         };
         page::write_discarded(slot, total, delta, r.extend());
-        self.commit_bytes(r.slot(), total as u64, r.owner());
+        self.commit_bytes(r.word, total as u64, r.owner());
     }
 
     /// Counts one event refused without trying to reserve (a forked child
