@@ -64,8 +64,8 @@ fn rseq_offset() -> Option<(isize, u32)> {
     (cpu >= 0).then_some((off, size))
 }
 
-#[inline]
-fn thread_pointer() -> usize {
+#[inline(always)]
+pub(crate) fn thread_pointer() -> usize {
     let tp: usize;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: reading the TCB self-pointer at %fs:0 is how the x86_64 TLS ABI
@@ -112,20 +112,19 @@ pub(crate) fn rseq_here() -> Option<(*mut u8, u32)> {
     })
 }
 
-/// The calling thread's rseq area, unchecked: only for callers that know
-/// `rseq::enabled()`, which implies glibc registered an area covering
-/// `rseq_cs` (see `rseq::init`). The writers' hot paths use it to skip the
-/// checks `rseq_here` repeats on every call.
-#[inline(always)]
-pub(crate) fn rseq_area() -> *mut u8 {
-    thread_pointer().wrapping_add_signed(RSEQ_OFFSET.load(Ordering::Relaxed)) as *mut u8
+/// The offset of every thread's rseq area from its thread pointer, when
+/// glibc registered areas that cover `rseq_cs` (see [`rseq_here`]).
+pub(crate) fn rseq_area_offset() -> Option<isize> {
+    (RSEQ_CS_USABLE.load(Ordering::Relaxed) && RSEQ_OFFSET.load(Ordering::Relaxed) != NO_RSEQ)
+        .then(|| RSEQ_OFFSET.load(Ordering::Relaxed))
 }
 
-/// The CPU an area from [`rseq_area`] names, as unsigned: an unregistered
-/// thread's negative "no CPU" values become huge and match no buffer.
+/// The CPU an area from `rseq::owner_area` names, as unsigned: an
+/// unregistered thread's negative "no CPU" values become huge and match no
+/// buffer.
 ///
 /// # Safety
-/// `area` comes from [`rseq_area`] while `rseq::enabled()`.
+/// `area` comes from `rseq::owner_area`.
 #[inline(always)]
 pub(crate) unsafe fn rseq_area_cpu(area: *mut u8) -> u32 {
     // SAFETY: the caller's area is this thread's `struct rseq`; cpu_id is

@@ -448,11 +448,8 @@ impl RingBuffer {
     /// check), the thread's rseq area and its CPU.
     #[inline(always)]
     fn owner_here(&self) -> Option<(usize, *mut u8, u32)> {
-        if !rseq::enabled() {
-            return None;
-        }
-        let area = cpu::rseq_area();
-        // SAFETY: the area comes from `rseq_area` with rseq enabled.
+        let area = rseq::owner_area()?;
+        // SAFETY: the area comes from `owner_area`.
         let cpu = unsafe { cpu::rseq_area_cpu(area) };
         ((cpu as usize) < self.slots.len()).then_some((cpu as usize, area, cpu))
     }

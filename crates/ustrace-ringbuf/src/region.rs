@@ -251,7 +251,7 @@ enum StateStore {
 /// Three words, which travel in registers through the inlined write path,
 /// so that a commit looks nothing up: the payload pointer, the page
 /// slot's local commit word (its remote word follows it), and `total:12 |
-/// 1 | extend:1 | entered:1 | owner:1`. The low 13 bits of that are, as
+/// 1 | extend:1 | entered:1`. The low 13 bits of that are, as
 /// they stand, what a commit adds to the commit word (`total` bytes, one
 /// entry; see `WORD_BYTES_BITS`). Everything else a discard needs is in
 /// the slot itself.
@@ -264,22 +264,12 @@ pub(crate) struct RawReservation {
 
 const META_EXTEND: u32 = 1 << (WORD_BYTES_BITS + 1);
 const META_ENTERED: u32 = META_EXTEND << 1;
-const META_OWNER: u32 = META_EXTEND << 2;
 const META_COMMIT_MASK: u32 = META_EXTEND - 1;
 
 impl RawReservation {
-    /// `word`: the local commit word of the page's slot. `owner`:
-    /// restartable sequences are on (an owner writer's fast path knows it;
-    /// others ask `rseq::enabled()`), so the commit may try one.
+    /// `word`: the local commit word of the page's slot.
     #[inline(always)]
-    fn new(
-        payload: *mut u8,
-        word: *mut u64,
-        total: usize,
-        extend: bool,
-        entered: bool,
-        owner: bool,
-    ) -> Self {
+    fn new(payload: *mut u8, word: *mut u64, total: usize, extend: bool, entered: bool) -> Self {
         debug_assert!(total < 1 << WORD_BYTES_BITS);
         RawReservation {
             payload,
@@ -287,8 +277,7 @@ impl RawReservation {
             meta: total as u32
                 | 1 << WORD_BYTES_BITS
                 | if extend { META_EXTEND } else { 0 }
-                | if entered { META_ENTERED } else { 0 }
-                | if owner { META_OWNER } else { 0 },
+                | if entered { META_ENTERED } else { 0 },
         }
     }
 
@@ -311,12 +300,6 @@ impl RawReservation {
     #[inline(always)]
     pub(crate) fn entered_page(&self) -> bool {
         self.meta & META_ENTERED != 0
-    }
-    /// Whether restartable sequences were on when it was made, so the
-    /// commit may try one.
-    #[inline(always)]
-    fn owner(&self) -> bool {
-        self.meta & META_OWNER != 0
     }
 }
 
@@ -817,7 +800,6 @@ impl Region {
             size as usize,
             false,
             false,
-            true,
         ))
     }
 
@@ -884,7 +866,6 @@ impl Region {
                         self.commit_bytes(
                             self.local_word_at(self.slot_of(ps)).as_ptr(),
                             (DATA_SIZE - po) as u64,
-                            rseq::enabled(),
                         );
                     }
                     let es = start / D;
@@ -926,7 +907,6 @@ impl Region {
                         total as usize,
                         extend,
                         enter.is_some(),
-                        rseq::enabled(),
                     ));
                 }
             }
@@ -1141,14 +1121,12 @@ impl Region {
     /// slot's `local` word: a plain addition to it when the committing
     /// thread is on the region's CPU (whichever CPU it reserved on), else
     /// a locked one to the remote word after it. `add` is `entries <<
-    /// WORD_BYTES_BITS | bytes`; `owner` says restartable sequences are on
-    /// (see `RawReservation::owner`).
+    /// WORD_BYTES_BITS | bytes`.
     #[inline(always)]
-    fn commit_bytes(&self, local: *mut u64, add: u64, owner: bool) {
-        if owner {
+    fn commit_bytes(&self, local: *mut u64, add: u64) {
+        if let Some(area) = rseq::owner_area() {
             // The sequence itself checks that the thread is on `self.cpu`
             // (an unregistered thread's area names no CPU, so it fails too).
-            let area = crate::cpu::rseq_area();
             loop {
                 // SAFETY: `area` is this thread's rseq area (rseq is enabled);
                 // the local word is written only by sequences on `self.cpu` and
@@ -1169,7 +1147,7 @@ impl Region {
     /// it was made).
     #[inline(always)]
     pub(crate) fn commit(&self, r: &RawReservation) {
-        self.commit_bytes(r.word, r.commit_add(), r.owner());
+        self.commit_bytes(r.word, r.commit_add());
     }
 
     /// Withdraws a reservation: the bytes become a time extend (so later
@@ -1194,7 +1172,7 @@ impl Region {
             low
         };
         page::write_discarded(slot, total, delta, r.extend());
-        self.commit_bytes(r.word, total as u64, r.owner());
+        self.commit_bytes(r.word, total as u64);
     }
 
     /// Counts one event refused without trying to reserve (a forked child

@@ -43,7 +43,7 @@
 //! ring buffer stays on its locked (CAS) protocol, which is correct on its
 //! own. `USTRACE_RINGBUF_RSEQ=0` in the environment forces that protocol.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicIsize, Ordering};
 
 /// Result of one restartable sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,10 +60,8 @@ pub(crate) enum Outcome {
     Aborted,
 }
 
-const MODE_UNKNOWN: u8 = 0;
-const MODE_ON: u8 = 1;
-const MODE_OFF: u8 = 2;
-static MODE: AtomicU8 = AtomicU8::new(MODE_UNKNOWN);
+static INIT: std::sync::Once = std::sync::Once::new();
+static OWNER_AREA: AtomicIsize = AtomicIsize::new(0);
 
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
@@ -87,21 +85,21 @@ fn membarrier(cmd: libc::c_long) -> libc::c_long {
 /// accepts the expedited-rseq membarrier registration, and the environment
 /// does not say `USTRACE_RINGBUF_RSEQ=0`. Not async-signal-safe the first time.
 pub(crate) fn init() {
-    if MODE.load(Ordering::Acquire) != MODE_UNKNOWN {
-        return;
-    }
-    let wanted = std::env::var_os("USTRACE_RINGBUF_RSEQ").is_none_or(|v| v != "0");
-    let on = cfg!(target_arch = "x86_64")
-        && wanted
-        && crate::cpu::rseq_here().is_some()
-        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
-        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
-    let _ = MODE.compare_exchange(
-        MODE_UNKNOWN,
-        if on { MODE_ON } else { MODE_OFF },
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    );
+    // A `Once`, so that no caller goes on to make a buffer before the
+    // decision is published (one that wrote unfenced as a foreign writer
+    // while another thread's owners started plain stores would race them).
+    INIT.call_once(|| {
+        let wanted = std::env::var_os("USTRACE_RINGBUF_RSEQ").is_none_or(|v| v != "0");
+        let offset = crate::cpu::rseq_area_offset().filter(|&off| off != 0);
+        let on = cfg!(target_arch = "x86_64")
+            && wanted
+            && crate::cpu::rseq_here().is_some()
+            && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
+            && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+        if let (true, Some(off)) = (on, offset) {
+            OWNER_AREA.store(off, Ordering::Release);
+        }
+    });
 }
 
 /// In the child of a fork: no owner writers from now on (see
@@ -109,14 +107,23 @@ pub(crate) fn init() {
 /// inherited are refused, and buffers it makes itself use the locked
 /// protocol, which needs no fencing.
 pub(crate) fn disable_after_fork() {
-    MODE.store(MODE_OFF, Ordering::Relaxed);
+    OWNER_AREA.store(0, Ordering::Relaxed);
 }
 
 /// Whether owner writers run restartable sequences (so foreign writers
 /// must fence them out before touching reservation state).
 #[inline]
 pub(crate) fn enabled() -> bool {
-    MODE.load(Ordering::Relaxed) == MODE_ON
+    OWNER_AREA.load(Ordering::Relaxed) != 0
+}
+
+/// The calling thread's rseq area while owner writers use restartable
+/// sequences (glibc registered one for every thread, covering `rseq_cs`);
+/// `None` while they do not.
+#[inline(always)]
+pub(crate) fn owner_area() -> Option<*mut u8> {
+    let off = OWNER_AREA.load(Ordering::Relaxed);
+    (off != 0).then(|| crate::cpu::thread_pointer().wrapping_add_signed(off) as *mut u8)
 }
 
 /// Aborts every restartable sequence in flight in this process (and makes
