@@ -137,16 +137,19 @@ fn now_other(clock: Clock) -> u64 {
     }
 }
 
-/// Whether `local` is the scaled TSC (so [`local_tsc`] may be used).
-pub(crate) fn local_is_tsc() -> bool {
-    tsc().is_some() && TSC_MULT.load(Ordering::Relaxed) != 0
+/// The TSC's scale to ns (never 0) when `local` is the scaled TSC, so that
+/// [`local_tsc`] may be used with it.
+pub(crate) fn local_tsc_mult() -> Option<u64> {
+    let mult = TSC_MULT.load(Ordering::Relaxed);
+    (tsc().is_some() && mult != 0).then_some(mult)
 }
 
-/// `local` when [`local_is_tsc`] said so: the TSC scaled to ns, with no
-/// check of its own (the writer's fast path checked once, in advance).
+/// `local`, given the scale [`local_tsc_mult`] gave: the TSC scaled to
+/// ns, with no check of its own (the writer's fast path checked once, in
+/// advance, and keeps the scale where it looks anyway).
 #[inline(always)]
-pub(crate) fn local_tsc() -> u64 {
-    tsc_ns(TSC_MULT.load(Ordering::Relaxed)).unwrap_or(0)
+pub(crate) fn local_tsc(mult: u64) -> u64 {
+    tsc_ns(mult).unwrap_or(0)
 }
 
 #[inline(always)]

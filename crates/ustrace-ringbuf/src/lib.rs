@@ -197,9 +197,11 @@ pub struct RingBuffer {
     nr_cpus: usize,
     slots: Box<[CpuSlot]>,
     clock: AtomicU32,
-    /// Recording, with the `local` clock on the TSC: the case
-    /// `reserve_fast` handles, so that it tests one flag, not three.
-    fast_path: AtomicBool,
+    /// While recording with the `local` clock on the TSC (the case
+    /// `reserve_fast` handles), the TSC's scale to ns; 0 otherwise. One
+    /// word, so that the fast path tests one value, not three, and has the
+    /// scale from the cache line it reads anyway.
+    fast_tsc_mult: AtomicU64,
     persistent: AtomicBool,
     control: Mutex<Control>,
     /// The process generation (see [`PROCESS_GENERATION`]) the buffer was made in.
@@ -310,7 +312,7 @@ impl RingBuffer {
             nr_cpus: config.nr_cpus,
             slots: slots.into_boxed_slice(),
             clock: AtomicU32::new(config.clock as u32),
-            fast_path: AtomicBool::new(false),
+            fast_tsc_mult: AtomicU64::new(0),
             persistent: AtomicBool::new(false),
             control: Mutex::new(control),
             generation: PROCESS_GENERATION.load(Ordering::Relaxed),
@@ -347,8 +349,9 @@ impl RingBuffer {
     pub fn reserve(&self, len: usize) -> Option<Reservation<'_>> {
         // Both paths meet as plain values, not as a `Reservation` in memory,
         // so that the fast path's result stays in registers.
-        let fast = if self.fast_path.load(Ordering::Relaxed) && len <= MAX_PAYLOAD {
-            self.reserve_fast(len)
+        let mult = self.fast_tsc_mult.load(Ordering::Relaxed);
+        let fast = if mult != 0 && len <= MAX_PAYLOAD {
+            self.reserve_fast(len, mult)
         } else {
             None
         };
@@ -364,12 +367,12 @@ impl RingBuffer {
         })
     }
 
-    /// The owner's fast path: recording with the TSC clock (`fast_path`),
-    /// a thread with restartable sequences, on a CPU that has a buffer,
-    /// writing where the current page has room. Anything else is `None`,
-    /// and `reserve_slow` sorts it out.
+    /// The owner's fast path: recording with the TSC clock (`mult` from
+    /// `fast_tsc_mult`), a thread with restartable sequences, on a CPU that
+    /// has a buffer, writing where the current page has room. Anything else
+    /// is `None`, and `reserve_slow` sorts it out.
     #[inline(always)]
-    fn reserve_fast(&self, len: usize) -> Option<(&Region, RawReservation)> {
+    fn reserve_fast(&self, len: usize, mult: u64) -> Option<(&Region, RawReservation)> {
         let (index, area, cpu) = self.owner_here()?;
         let slot = &self.slots[index];
         // The clock before the rest (only the slot's address is worked out
@@ -377,7 +380,7 @@ impl RingBuffer {
         // microcoded and stalls the front end for as long as it runs (about
         // 8.6 ns here, with nothing else overlapping it), so what follows
         // should depend on it as late as possible.
-        let now = clock::local_tsc();
+        let now = clock::local_tsc(mult);
         // SAFETY: every pointer stored in a slot comes from an Arc kept in
         // `Control::keep` until the buffer is dropped, and `&self` outlives
         // the reservation.
@@ -532,18 +535,24 @@ impl RingBuffer {
         self.update_fast_path();
     }
 
-    /// Recomputes `fast_path` after recording or the clock changed. Two
+    /// Recomputes `fast_tsc_mult` after recording or the clock changed. Two
     /// changes racing (a `traceoff` trigger while `trace_clock` is written)
     /// could each store a value computed before the other's change; so each
     /// looks again after its store, and the last store is always checked
     /// against the inputs as they stand. Atomics only: triggers call it
     /// from the write path.
     fn update_fast_path(&self) {
-        let wanted =
-            || self.is_recording() && self.clock() == Clock::Local && clock::local_is_tsc();
+        let wanted = || {
+            let mult = clock::local_tsc_mult().unwrap_or(0);
+            if self.is_recording() && self.clock() == Clock::Local {
+                mult
+            } else {
+                0
+            }
+        };
         loop {
             let on = wanted();
-            self.fast_path.store(on, Ordering::SeqCst);
+            self.fast_tsc_mult.store(on, Ordering::SeqCst);
             if wanted() == on {
                 return;
             }
