@@ -248,10 +248,12 @@ enum StateStore {
 
 /// A reserved slot, between `reserve` and `commit`/`discard`.
 ///
-/// Three words, which travel in registers through the inlined write path,
+/// Four words, which travel in registers through the inlined write path,
 /// so that a commit looks nothing up: the payload pointer, the page
-/// slot's local commit word (its remote word follows it), and `total:12 |
-/// 1 | extend:1 | entered:1`. The low 13 bits of that are, as
+/// slot's local commit word (its remote word follows it), the reserving
+/// thread's rseq area (null when owners do not use restartable sequences;
+/// a reservation is not `Send`, so the committing thread is that one), and
+/// `total:12 | 1 | extend:1 | entered:1`. The low 13 bits of that are, as
 /// they stand, what a commit adds to the commit word (`total` bytes, one
 /// entry; see `WORD_BYTES_BITS`). Everything else a discard needs is in
 /// the slot itself.
@@ -259,6 +261,7 @@ enum StateStore {
 pub(crate) struct RawReservation {
     pub(crate) payload: *mut u8,
     word: *mut u64,
+    area: *mut u8,
     meta: u32,
 }
 
@@ -267,13 +270,22 @@ const META_ENTERED: u32 = META_EXTEND << 1;
 const META_COMMIT_MASK: u32 = META_EXTEND - 1;
 
 impl RawReservation {
-    /// `word`: the local commit word of the page's slot.
+    /// `word`: the local commit word of the page's slot; `area`: the
+    /// thread's rseq area from `rseq::owner_area`, or null.
     #[inline(always)]
-    fn new(payload: *mut u8, word: *mut u64, total: usize, extend: bool, entered: bool) -> Self {
+    fn new(
+        payload: *mut u8,
+        word: *mut u64,
+        area: *mut u8,
+        total: usize,
+        extend: bool,
+        entered: bool,
+    ) -> Self {
         debug_assert!(total < 1 << WORD_BYTES_BITS);
         RawReservation {
             payload,
             word,
+            area,
             meta: total as u32
                 | 1 << WORD_BYTES_BITS
                 | if extend { META_EXTEND } else { 0 }
@@ -797,6 +809,7 @@ impl Region {
             // SAFETY: inside the reserved slot.
             unsafe { bytes.as_mut_ptr().add(p) },
             word,
+            area,
             size as usize,
             false,
             false,
@@ -852,6 +865,7 @@ impl Region {
                 }
                 StateStore::Migrated => return Err(ReserveError::Migrated),
                 StateStore::Done => {
+                    let owner_area = rseq::owner_area().unwrap_or(std::ptr::null_mut());
                     if let Some(p) = pad_from {
                         let (ps, po) = ((p / D), (p % D) as usize);
                         // SAFETY: bytes [po, 4080) of page ps's data were reserved by
@@ -866,6 +880,7 @@ impl Region {
                         self.commit_bytes(
                             self.local_word_at(self.slot_of(ps)).as_ptr(),
                             (DATA_SIZE - po) as u64,
+                            owner_area,
                         );
                     }
                     let es = start / D;
@@ -904,6 +919,7 @@ impl Region {
                         // SAFETY: inside the reserved slot.
                         unsafe { slot.as_mut_ptr().add(at + p) },
                         self.local_word_at(page_slot).as_ptr(),
+                        owner_area,
                         total as usize,
                         extend,
                         enter.is_some(),
@@ -1121,10 +1137,11 @@ impl Region {
     /// slot's `local` word: a plain addition to it when the committing
     /// thread is on the region's CPU (whichever CPU it reserved on), else
     /// a locked one to the remote word after it. `add` is `entries <<
-    /// WORD_BYTES_BITS | bytes`.
+    /// WORD_BYTES_BITS | bytes`; `area` is the calling thread's rseq area
+    /// from `rseq::owner_area`, or null.
     #[inline(always)]
-    fn commit_bytes(&self, local: *mut u64, add: u64) {
-        if let Some(area) = rseq::owner_area() {
+    fn commit_bytes(&self, local: *mut u64, add: u64, area: *mut u8) {
+        if !area.is_null() {
             // The sequence itself checks that the thread is on `self.cpu`
             // (an unregistered thread's area names no CPU, so it fails too).
             loop {
@@ -1147,7 +1164,7 @@ impl Region {
     /// it was made).
     #[inline(always)]
     pub(crate) fn commit(&self, r: &RawReservation) {
-        self.commit_bytes(r.word, r.commit_add());
+        self.commit_bytes(r.word, r.commit_add(), r.area);
     }
 
     /// Withdraws a reservation: the bytes become a time extend (so later
@@ -1172,7 +1189,7 @@ impl Region {
             low
         };
         page::write_discarded(slot, total, delta, r.extend());
-        self.commit_bytes(r.word, total as u64);
+        self.commit_bytes(r.word, total as u64, r.area);
     }
 
     /// Counts one event refused without trying to reserve (a forked child
