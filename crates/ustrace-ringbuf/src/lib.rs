@@ -1094,6 +1094,18 @@ pub struct Reservation<'a> {
     len: usize,
 }
 
+// A reservation carries its thread's rseq area to its commit, so it must
+// stay on that thread: this fails to compile if `Reservation` becomes
+// `Send` (both impls would apply and the call would be ambiguous).
+const _: fn() = || {
+    trait AmbiguousIfSend<A> {
+        fn check() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSend<()> for T {}
+    impl<T: ?Sized + Send> AmbiguousIfSend<u8> for T {}
+    <Reservation<'static> as AmbiguousIfSend<_>>::check();
+};
+
 impl Reservation<'_> {
     /// Publishes the event.
     #[inline(always)]
