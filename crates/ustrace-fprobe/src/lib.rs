@@ -38,7 +38,9 @@
 //!                                          |                   dispatch: lock-free walk of Site.probes,
 //!                                          |                     entry handlers, maybe hook the return:
 //!                                          |                     shadow.push{ret, sp}; [sp] = return_tramp
-//!                                          |                   restore; jmp orig_stub
+//!                                          |                   restore; jmp orig_stub (or, when
+//!                                          |                     hooked, call it from just before
+//!                                          |                     return_trampoline: see below)
 //!                                          |               orig_stub: push rbp; mov rbp,rsp; sub rsp,0x20
 //!                                          |                          (relocated by iced-x86); jmp resume
 //!                                          v
@@ -46,6 +48,12 @@
 //!                                   shadow.pop -> real ret written back into the slot,
 //!                                   exit handlers (rax = return value), ret to the caller
 //! ```
+//!
+//! A hooked call enters the body with a `call` whose return address is `return_trampoline`
+//! itself, pushed into the slot the dispatcher had just set to that value, so the stack is
+//! the same either way. What changes is the CPU's return-stack buffer: it now predicts the
+//! body's `ret` into the trampoline and the trampoline's `ret` back to the caller. A hooked
+//! return that jumped instead cost two mispredicted returns, about 11 ns of `fprobe_entry_exit`.
 //!
 //! Module map (the data path top to bottom):
 //! - [`fprobe`](crate::Fprobe): the API of fprobe.rst, the registry of sites, `enabled_functions`.

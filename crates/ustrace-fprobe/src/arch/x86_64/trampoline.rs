@@ -13,6 +13,9 @@
 //!                                                                                        - maybe: shadow push {ret, sp},
 //!                                                                                          [sp] = return_trampoline
 //!                                                                                      restore; jmp [r11->orig_stub]
+//!                                                                                        (hooked: pop the slot, jmp to
+//!                                                                                        call_hooked: call [r11->orig_stub],
+//!                                                                                        which pushes return_trampoline)
 //!                                                       orig_stub:  ◄──────────────────┘
 //!                                                        relocated prologue
 //!                          resume: ... body ... ◄────── jmp [abs resume]
@@ -146,16 +149,40 @@ std::arch::global_asm!(
     "mov rdi, r11",
     "mov rsi, rsp",
     "call {entry}",
+    // Did the dispatcher hook the return (the slot now holds return_trampoline)? rax is free
+    // until restore_args reloads it.
+    "lea rax, [rip + ustrace_fprobe_return_trampoline]",
+    "cmp [rsp + 296], rax",
+    ".cfi_remember_state",
+    "je 2f",
     restore_args!(),
     "add rsp, 296",
     ".cfi_adjust_cfa_offset -296",
     "jmp qword ptr [r11]",
+    "2:",
+    ".cfi_restore_state",
+    restore_args!(),
+    // Drop the hooked slot and push the same value back with a `call` from just before
+    // return_trampoline: memory ends up as the dispatcher left it, and the return-stack buffer
+    // now predicts the probed function's `ret` into return_trampoline, whose own `ret` then
+    // pairs with the caller's `call` (an entry trampoline that jumped would leave both
+    // returns mispredicted). The real return address is only in the shadow stack here.
+    "add rsp, 304",
+    ".cfi_def_cfa_offset 0",
+    ".cfi_undefined rip",
+    "jmp ustrace_fprobe_call_hooked",
     ".cfi_endproc",
     ".size ustrace_fprobe_entry_trampoline, . - ustrace_fprobe_entry_trampoline",
-    // Padding without unwind info: an unwinder that looks up (return_trampoline - 1) finds no
-    // FDE and stops instead of applying someone else's rules.
+    // The call's return address is return_trampoline itself, so an unwinder that looks up
+    // (return_trampoline - 1) lands here, where the return address is undefined: it stops
+    // instead of applying someone else's rules.
     ".balign 16",
-    ".fill 16, 1, 0xcc",
+    "ustrace_fprobe_call_hooked:",
+    ".cfi_startproc",
+    ".cfi_def_cfa rsp, 0",
+    ".cfi_undefined rip",
+    "call qword ptr [r11]",
+    ".cfi_endproc",
     ".globl ustrace_fprobe_return_trampoline",
     ".hidden ustrace_fprobe_return_trampoline",
     ".type ustrace_fprobe_return_trampoline,@function",
@@ -174,12 +201,9 @@ std::arch::global_asm!(
     restore_return_values!(),
     "add rsp, 296",
     ".cfi_adjust_cfa_offset -296",
-    // `pop; jmp` instead of `ret`: the probed function's own `ret` already consumed the
-    // return-stack-buffer entry of this call, so a second `ret` would mispredict here and
-    // leave every outer return mispredicted too. r11 is scratch at a return.
-    "pop r11",
-    ".cfi_def_cfa_offset 0",
-    "jmp r11",
+    // The probed function's `ret` consumed the return-stack-buffer entry of the entry
+    // trampoline's `call`; the caller's is next, and this `ret` uses it.
+    "ret",
     ".cfi_endproc",
     ".size ustrace_fprobe_return_trampoline, . - ustrace_fprobe_return_trampoline",
     ".popsection",
