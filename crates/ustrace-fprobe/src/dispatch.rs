@@ -419,6 +419,27 @@ fn words_for(bytes: usize) -> usize {
     bytes.div_ceil(8)
 }
 
+/// The real return address behind a return slot at `sp` that holds the trampoline: that of
+/// the outermost of the frames below `depth` hooked at `sp` (a chain of tail calls shares
+/// one slot).
+///
+/// # Safety
+/// Own thread state; `depth` at most its depth.
+unsafe fn real_return_of(ts: *mut ThreadState, sp: usize, depth: usize) -> usize {
+    let tramp = arch::return_trampoline();
+    // SAFETY: own thread state; depth <= MAX_FRAMES.
+    unsafe {
+        let mut ret = tramp;
+        for f in (&(*ts).frames)[..depth].iter().rev() {
+            if f.sp != sp || ret != tramp {
+                break;
+            }
+            ret = f.ret;
+        }
+        ret
+    }
+}
+
 /// Entry of a probed function. Called by the arch entry trampoline.
 ///
 /// # Safety
@@ -444,7 +465,17 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) {
             regs.ip = site.func as u64;
             let sp = regs.sp as usize;
             let ret_ip = *(sp as *const usize);
-            pop_stale(ts, sp, true);
+            let tramp = arch::return_trampoline();
+            // A frame at this very slot was left for good (longjmp) when a new call wrote a
+            // real return address over its hook. If the slot still holds the trampoline, we
+            // were tail-called by the function hooked there: its frame is live and returns
+            // through ours.
+            pop_stale(ts, sp, ret_ip != tramp);
+            let caller_ip = if ret_ip == tramp {
+                real_return_of(ts, sp, (*ts).depth)
+            } else {
+                ret_ip
+            };
             let hook = list.has_exit && !site.no_return_hook.load(Ordering::Relaxed);
             let mut first_rec: Option<usize> = None;
             for &p in list.probes.iter() {
@@ -488,7 +519,7 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) {
                 };
                 let action = match &p.entry {
                     Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        h(p, site.func, ret_ip, regs, data)
+                        h(p, site.func, caller_ip, regs, data)
                     }))
                     .unwrap_or(EntryAction::Continue),
                     None => EntryAction::Continue,
@@ -559,8 +590,15 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
         }
         let f = &(*ts).frames[d - 1];
         let (f_ret, f_entry_ip, f_start, f_end) = (f.ret, f.entry_ip, f.arena_start, f.arena_end);
+        // A tail-called function's frame returns into its caller's hook (f_ret is the
+        // trampoline again); handlers are told where the call chain really returns to.
+        let caller_ip = if f_ret == arch::return_trampoline() {
+            real_return_of(ts, slot, d - 1)
+        } else {
+            f_ret
+        };
         *(slot as *mut usize) = f_ret;
-        regs.ip = f_ret as u64;
+        regs.ip = caller_ip as u64;
         let mut w = f_start;
         while w < f_end {
             let (hdr, words) = ((*ts).arena[w], (*ts).arena[w + 1] as usize);
@@ -574,7 +612,7 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
                             p.entry_data_size,
                         );
                         let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                            h(p, f_entry_ip, f_ret, regs, data)
+                            h(p, f_entry_ip, caller_ip, regs, data)
                         }));
                     }
                 }

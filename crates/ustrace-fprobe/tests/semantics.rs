@@ -37,6 +37,21 @@ pub extern "C" fn sm_fork_in_probe(tag: u64) -> i32 {
     unsafe { libc::fork() }
 }
 
+/// Tail-calls `sm_helper`: its return slot is the caller's, so when both are probed with exit
+/// handlers, `sm_helper` enters with a slot that already holds the return trampoline.
+#[no_mangle]
+#[unsafe(naked)]
+pub extern "C" fn sm_tail_to_helper(x: u64) -> u64 {
+    // Five bytes of movable prologue (push, mov, pop), then the tail call.
+    core::arch::naked_asm!(
+        "push rbp",
+        "mov rbp, rsp",
+        "pop rbp",
+        "jmp {helper}",
+        helper = sym sm_helper,
+    )
+}
+
 struct Counts {
     entries: Arc<AtomicU64>,
     exits: Arc<AtomicU64>,
@@ -96,6 +111,54 @@ fn recursion_pairs_each_exit_with_its_entry() {
         .chain((1..=6).map(|n| ('<', n)))
         .collect();
     assert_eq!(*log, want);
+}
+
+/// The entry trampoline enters a hooked function with a `call` when the dispatcher set the
+/// return slot to the return trampoline; a tail-called function finds the slot so set already
+/// by its caller's hook. Both exits must run, innermost first, each with the real return
+/// value, and the caller must get it too.
+#[test]
+fn tail_call_between_hooked_functions_runs_both_exits() {
+    let _g = serial();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (l1, l2) = (log.clone(), log.clone());
+    let fp = Fprobe::builder()
+        .entry_handler(move |_, ip, ret, _, _| {
+            l1.lock().unwrap().push(("entry", ip, ret, 0));
+            EntryAction::Continue
+        })
+        .exit_handler(move |_, ip, ret, regs, _| {
+            l2.lock()
+                .unwrap()
+                .push(("exit", ip, ret, regs.return_value()));
+        })
+        .register_syms(&["sm_tail_to_helper", "sm_helper"])
+        .expect("register");
+    let expect = (black_box(5u64).wrapping_mul(17)) ^ 3;
+    for _ in 0..3 {
+        assert_eq!(sm_tail_to_helper(black_box(5)), expect);
+    }
+    assert_eq!(ustrace_fprobe::outstanding_frames(), 0);
+    fp.unregister().unwrap();
+    let (tail, helper) = (
+        sm_tail_to_helper as *const () as usize,
+        sm_helper as *const () as usize,
+    );
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 12, "{log:?}");
+    for round in log.chunks(4) {
+        // Every handler is told the real caller (where the chain returns), never the
+        // trampoline the tail-called function found in the slot.
+        let caller = round[0].2;
+        assert_ne!(caller, 0);
+        let one = [
+            ("entry", tail, caller, 0),
+            ("entry", helper, caller, 0),
+            ("exit", helper, caller, expect),
+            ("exit", tail, caller, expect),
+        ];
+        assert_eq!(round, one, "{log:?}");
+    }
 }
 
 #[test]
