@@ -440,12 +440,13 @@ unsafe fn real_return_of(ts: *mut ThreadState, sp: usize, depth: usize) -> usize
     }
 }
 
-/// Entry of a probed function. Called by the arch entry trampoline.
+/// Entry of a probed function. Called by the arch entry trampoline. True when this call's
+/// return was hooked (its slot now holds the return trampoline).
 ///
 /// # Safety
 /// `regs` is the trampoline's frame: `regs.sp` points at the caller's return address.
 #[inline(always)]
-pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) {
+pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) -> bool {
     let ts = ts();
     // SAFETY: own thread state, accessed through a raw pointer because handlers (the unwinder
     // hooks) may modify it while this function runs.
@@ -457,9 +458,10 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) {
                     (*p).miss();
                 }
             }
-            return;
+            return false;
         }
         (*ts).busy = true;
+        let mut hooked = false;
         q_enter(ts);
         if let Some(list) = site.probes.load(Ordering::Acquire).as_ref() {
             regs.ip = site.func as u64;
@@ -548,11 +550,13 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) {
                     };
                     (*ts).depth = d + 1;
                     *(sp as *mut usize) = arch::return_trampoline();
+                    hooked = true;
                 }
             }
         }
         q_leave(ts);
         (*ts).busy = false;
+        hooked
     }
 }
 

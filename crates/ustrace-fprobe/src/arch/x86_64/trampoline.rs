@@ -149,12 +149,13 @@ std::arch::global_asm!(
     "mov rdi, r11",
     "mov rsi, rsp",
     "call {entry}",
-    // Did the dispatcher hook the return (the slot now holds return_trampoline)? rax is free
-    // until restore_args reloads it.
-    "lea rax, [rip + ustrace_fprobe_return_trampoline]",
-    "cmp [rsp + 296], rax",
+    // Did the dispatcher hook this call's return (the slot now holds return_trampoline)?
+    // Asked of it rather than of the slot: a function tail-called from a hooked one finds
+    // the trampoline there already, and must jump, so that the caller's hooked return
+    // still meets the return-stack entry of the caller's own entry `call`.
+    "test al, al",
     ".cfi_remember_state",
-    "je 2f",
+    "jnz 2f",
     restore_args!(),
     "add rsp, 296",
     ".cfi_adjust_cfa_offset -296",
@@ -216,8 +217,9 @@ extern "C" {
     fn ustrace_fprobe_return_trampoline();
 }
 
-/// Called by the entry trampoline with the site pointer and the saved registers.
-extern "C" fn dispatch_entry_shim(site: *const crate::dispatch::Site, regs: *mut PtRegs) {
+/// Called by the entry trampoline with the site pointer and the saved registers; true when
+/// it hooked the return.
+extern "C" fn dispatch_entry_shim(site: *const crate::dispatch::Site, regs: *mut PtRegs) -> bool {
     // SAFETY: the trampoline passes the live Site of the stub it came from (sites are never
     // freed) and a PtRegs frame on its own stack, exclusively ours for this call.
     unsafe { crate::dispatch::on_entry(&*site, &mut *regs) }
