@@ -52,6 +52,19 @@ pub extern "C" fn sm_tail_to_helper(x: u64) -> u64 {
     )
 }
 
+/// Tail-calls `sm_tail_to_helper`: three hooked functions share one return slot.
+#[no_mangle]
+#[unsafe(naked)]
+pub extern "C" fn sm_tail_to_tail(x: u64) -> u64 {
+    core::arch::naked_asm!(
+        "push rbp",
+        "mov rbp, rsp",
+        "pop rbp",
+        "jmp {next}",
+        next = sym sm_tail_to_helper,
+    )
+}
+
 struct Counts {
     entries: Arc<AtomicU64>,
     exits: Arc<AtomicU64>,
@@ -113,12 +126,12 @@ fn recursion_pairs_each_exit_with_its_entry() {
     assert_eq!(*log, want);
 }
 
-/// The entry trampoline enters a hooked function with a `call` when the dispatcher set the
-/// return slot to the return trampoline; a tail-called function finds the slot so set already
-/// by its caller's hook. Both exits must run, innermost first, each with the real return
-/// value, and the caller must get it too.
+/// The entry trampoline enters a hooked function with a `call` when the dispatcher hooked its
+/// return; a tail-called function finds the return slot set already by its caller's hook.
+/// Every exit must run, innermost first, each with the real return value, and the caller
+/// must get it too. Chains of two and of three functions sharing one slot.
 #[test]
-fn tail_call_between_hooked_functions_runs_both_exits() {
+fn tail_calls_between_hooked_functions_run_every_exit() {
     let _g = serial();
     let log = Arc::new(Mutex::new(Vec::new()));
     let (l1, l2) = (log.clone(), log.clone());
@@ -132,32 +145,38 @@ fn tail_call_between_hooked_functions_runs_both_exits() {
                 .unwrap()
                 .push(("exit", ip, ret, regs.return_value()));
         })
-        .register_syms(&["sm_tail_to_helper", "sm_helper"])
+        .register_syms(&["sm_tail_to_tail", "sm_tail_to_helper", "sm_helper"])
         .expect("register");
     let expect = (black_box(5u64).wrapping_mul(17)) ^ 3;
     for _ in 0..3 {
         assert_eq!(sm_tail_to_helper(black_box(5)), expect);
+        assert_eq!(sm_tail_to_tail(black_box(5)), expect);
     }
     assert_eq!(ustrace_fprobe::outstanding_frames(), 0);
     fp.unregister().unwrap();
-    let (tail, helper) = (
+    let [two, three, one] = [
         sm_tail_to_helper as *const () as usize,
+        sm_tail_to_tail as *const () as usize,
         sm_helper as *const () as usize,
-    );
+    ];
     let log = log.lock().unwrap();
-    assert_eq!(log.len(), 12, "{log:?}");
-    for round in log.chunks(4) {
-        // Every handler is told the real caller (where the chain returns), never the
-        // trampoline the tail-called function found in the slot.
-        let caller = round[0].2;
-        assert_ne!(caller, 0);
-        let one = [
-            ("entry", tail, caller, 0),
-            ("entry", helper, caller, 0),
-            ("exit", helper, caller, expect),
-            ("exit", tail, caller, expect),
-        ];
-        assert_eq!(round, one, "{log:?}");
+    assert_eq!(log.len(), 3 * (4 + 6), "{log:?}");
+    let mut at = 0;
+    for _ in 0..3 {
+        for chain in [&[two, one][..], &[three, two, one][..]] {
+            let round = &log[at..at + 2 * chain.len()];
+            at += 2 * chain.len();
+            // Every handler is told the real caller (where the chain returns), never the
+            // trampoline a tail-called function found in the slot.
+            let caller = round[0].2;
+            assert_ne!(caller, 0);
+            let want: Vec<_> = chain
+                .iter()
+                .map(|&f| ("entry", f, caller, 0))
+                .chain(chain.iter().rev().map(|&f| ("exit", f, caller, expect)))
+                .collect();
+            assert_eq!(round, &want[..], "{log:?}");
+        }
     }
 }
 
