@@ -466,10 +466,13 @@ impl Program {
         (record.len() >= r.min_len).then(|| Self::matches_ranges(&r.steps, record))
     }
 
-    /// The general walk, with a dispatch on each predicate's kind; out of
-    /// line so that callers inlining the integer loop stay small.
+    /// The general walk, with a dispatch on each predicate's kind: what
+    /// [`matches`](Program::matches) does when
+    /// [`matches_fields_only`](Program::matches_fields_only) gave `None`,
+    /// for a caller that already asked that. Out of line so that callers
+    /// inlining the integer loop stay small.
     #[inline(never)]
-    fn matches_steps(&self, record: &[u8], ctx: &Context<'_>) -> bool {
+    pub fn matches_steps(&self, record: &[u8], ctx: &Context<'_>) -> bool {
         let steps = &self.steps[..];
         let mut i = 0usize;
         while let Some(step) = steps.get(i) {

@@ -154,7 +154,8 @@ impl Compiled {
             comm: &comm,
             read_str: Some(&read_user_string),
         };
-        self.program.matches(record, &ctx)
+        // `matches` has already tried the integer-only walk.
+        self.program.matches_steps(record, &ctx)
     }
 }
 
