@@ -549,7 +549,7 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) -> bool {
                         arena_end: (*ts).arena_top,
                     };
                     (*ts).depth = d + 1;
-                    *(sp as *mut usize) = arch::return_trampoline();
+                    *(sp as *mut usize) = tramp;
                     hooked = true;
                 }
             }

@@ -115,8 +115,8 @@ pub(crate) fn rseq_here() -> Option<(*mut u8, u32)> {
 /// The offset of every thread's rseq area from its thread pointer, when
 /// glibc registered areas that cover `rseq_cs` (see [`rseq_here`]).
 pub(crate) fn rseq_area_offset() -> Option<isize> {
-    (RSEQ_CS_USABLE.load(Ordering::Relaxed) && RSEQ_OFFSET.load(Ordering::Relaxed) != NO_RSEQ)
-        .then(|| RSEQ_OFFSET.load(Ordering::Relaxed))
+    let off = RSEQ_OFFSET.load(Ordering::Relaxed);
+    (RSEQ_CS_USABLE.load(Ordering::Relaxed) && off != NO_RSEQ).then_some(off)
 }
 
 /// The CPU an area from `rseq::owner_area` names, as unsigned: an

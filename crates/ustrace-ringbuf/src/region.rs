@@ -887,12 +887,11 @@ impl Region {
                     let page_slot = self.slot_of(es);
                     let phys = map_phys(self.map_word(page_slot).load(Ordering::Acquire));
                     let page = self.phys_ptr(phys);
-                    if enter.is_some() || self.page_hint.start.load(Ordering::Relaxed) != es * D {
-                        // The fast path finds the page from here on (a writer
-                        // that entered it but has not hinted it yet is
-                        // caught up with here).
-                        self.set_page_hint(es, page_slot, phys);
-                    }
+                    // The fast path finds the page from here on: a writer
+                    // entering it hints it, and any later one catches up a
+                    // hint its entering writer has not made yet (a no-op
+                    // when the hint is current).
+                    self.set_page_hint(es, page_slot, phys);
                     if enter.is_some() {
                         // SAFETY: the first reservation of a page owns its header
                         // until it commits; nobody reads the page before that.
