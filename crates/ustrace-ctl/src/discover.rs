@@ -1,9 +1,13 @@
 //! Where control sockets live, and finding the processes that serve one.
 //!
 //! A serving process binds `<dir>/<pid>.sock`, where `<dir>` is, in order of preference:
-//! `$USTRACE_SOCKET_DIR`, `$XDG_RUNTIME_DIR/ustrace`, or `/tmp/ustrace-<uid>`. A client looking
-//! for pid P tries the directories P's own environment names (root can read it), its own,
-//! and the defaults for P's uid. `ustrace ps` lists every socket it can see, asks each one
+//! `$USTRACE_SOCKET_DIR`, `$XDG_RUNTIME_DIR/ustrace`, or `/tmp/ustrace-<uid>`. When the default
+//! is unusable (another user made `/tmp/ustrace-<uid>` first), the server makes a private
+//! `/tmp/ustrace-<uid>.XXXXXX` instead. A client looking for pid P tries the directories P's
+//! own environment names (root can read it), its own, the defaults for P's uid, then those
+//! private fallbacks; it trusts a directory only if P's user (or root) owns it and nobody
+//! else can replace what is in it ([`unsafe_dir`]), so a socket planted by another user is
+//! never taken for P's. `ustrace ps` lists every socket it can see, asks each one
 //! who it is, and removes the sockets whose process is gone (a killed process cannot remove
 //! its own).
 
@@ -35,6 +39,85 @@ fn dir_from(socket_dir: Option<OsString>, runtime_dir: Option<OsString>, uid: u3
         }
     }
     PathBuf::from(format!("/tmp/ustrace-{uid}"))
+}
+
+/// The socket directory named by `$USTRACE_SOCKET_DIR`, if it is set and not empty.
+pub fn configured_socket_dir() -> Option<PathBuf> {
+    std::env::var_os(SOCKET_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Why a directory (described by `meta`, from `symlink_metadata`) is no safe place for the
+/// sockets of `uid`, or `None` if it is. Unsafe: a symbolic link (it can be re-pointed), not
+/// a directory, owned by a user other than `uid` and root, or writable by group or others
+/// without the sticky bit (they could rename or remove our socket and put theirs there).
+pub fn unsafe_dir(meta: &std::fs::Metadata, uid: u32) -> Option<String> {
+    let mode = meta.mode();
+    if meta.file_type().is_symlink() {
+        return Some("is a symbolic link".into());
+    }
+    if !meta.is_dir() {
+        return Some("is not a directory".into());
+    }
+    if meta.uid() != uid && meta.uid() != 0 {
+        return Some(format!("belongs to uid {}, not to uid {uid}", meta.uid()));
+    }
+    if mode & 0o022 != 0 && mode & libc::S_ISVTX == 0 {
+        return Some(format!(
+            "is writable by other users (mode {:04o}) and not sticky",
+            mode & 0o7777
+        ));
+    }
+    None
+}
+
+const FALLBACK_PARENT: &str = "/tmp";
+
+fn fallback_prefix(uid: u32) -> String {
+    format!("ustrace-{uid}.")
+}
+
+/// The `mkdtemp` template of the private directory a server of `uid` falls back to.
+pub fn fallback_template(uid: u32) -> PathBuf {
+    Path::new(FALLBACK_PARENT).join(format!("{}XXXXXX", fallback_prefix(uid)))
+}
+
+/// Whether `dir` is named like a private fallback directory of `uid`.
+pub fn is_fallback_dir(dir: &Path, uid: u32) -> bool {
+    dir.parent() == Some(Path::new(FALLBACK_PARENT))
+        && dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(&fallback_prefix(uid)))
+}
+
+/// The private fallback directories of `uid` that are safe to trust (see [`unsafe_dir`]):
+/// anyone can make a directory with such a name, but only `uid`'s own count.
+pub fn fallback_dirs(uid: u32) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(FALLBACK_PARENT) else {
+        return Vec::new();
+    };
+    let prefix = fallback_prefix(uid);
+    let mut dirs: Vec<PathBuf> = rd
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .filter(|d| {
+            std::fs::symlink_metadata(d)
+                .is_ok_and(|m| m.uid() == uid && unsafe_dir(&m, uid).is_none())
+        })
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// Whether `dir` may hold sockets of `uid`: an existing directory that passes [`unsafe_dir`]
+/// (or one we cannot look at, where connecting will say why).
+fn trusted_dir(dir: &Path, uid: u32) -> bool {
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) => unsafe_dir(&meta, uid).is_none(),
+        Err(e) => e.kind() == io::ErrorKind::PermissionDenied,
+    }
 }
 
 /// The directory this process binds its socket in.
@@ -92,6 +175,7 @@ pub fn candidate_dirs(pid: u32) -> Vec<PathBuf> {
     if let Some(uid) = uid {
         dirs.push(PathBuf::from(format!("/run/user/{uid}/ustrace")));
         dirs.push(PathBuf::from(format!("/tmp/ustrace-{uid}")));
+        dirs.extend(fallback_dirs(uid));
     }
     let mut seen = HashSet::new();
     dirs.retain(|d| seen.insert(d.clone()));
@@ -107,7 +191,12 @@ pub fn find_socket(pid: u32) -> io::Result<PathBuf> {
         ));
     }
     let dirs = candidate_dirs(pid);
+    let uid = uid_of(pid).unwrap_or_else(euid);
     for dir in &dirs {
+        // A socket in a directory another user controls could be theirs, not pid's.
+        if !trusted_dir(dir, uid) {
+            continue;
+        }
         let path = socket_name(dir, pid);
         match std::fs::symlink_metadata(&path) {
             Ok(_) => return Ok(path),
@@ -140,6 +229,7 @@ pub struct Served {
 
 fn scan_dirs() -> Vec<PathBuf> {
     let mut dirs = vec![default_socket_dir()];
+    dirs.extend(fallback_dirs(euid()));
     if std::env::var_os(SOCKET_DIR_ENV).is_none() && euid() == 0 {
         // Root may reach every user's processes; look where their servers bind.
         for (parent, pattern_prefix, suffix) in [
@@ -184,6 +274,9 @@ pub fn list_in(dirs: &[PathBuf]) -> Vec<Served> {
                 continue;
             };
             let path = entry.path();
+            if uid_of(pid).is_some_and(|uid| !trusted_dir(dir, uid)) {
+                continue;
+            }
             if !pid_alive(pid) {
                 let _ = std::fs::remove_file(&path);
                 continue;

@@ -1,8 +1,8 @@
 //! Serving a process's tracefs on its control socket.
 //!
-//! [`serve`] binds `<socket dir>/<pid>.sock` (mode 0600, in a 0700 directory) and starts one
-//! background thread that accepts connections; each accepted connection gets a thread of its
-//! own that decodes requests and calls the [`FileSystem`]. Nothing here runs on, waits for,
+//! [`serve`] binds `<socket dir>/<pid>.sock` (mode 0600, in a private or sticky directory) and
+//! starts one background thread that accepts connections; each accepted connection gets a
+//! thread of its own that decodes requests and calls the [`FileSystem`]. Nothing here runs on, waits for,
 //! or signals the traced threads: they only ever see the tracefs's own locks, exactly as when
 //! a file is read in-process.
 //!
@@ -18,7 +18,10 @@
 //! connection thread checks whether the client hung up or the server is stopping, so a
 //! vanished `cat` never pins a thread. Bad input (truncated frames, huge lengths, unknown
 //! verbs, `..` in paths) gets an error reply; only a frame whose length cannot be trusted
-//! closes the connection, since nothing after it can be parsed.
+//! closes the connection, since nothing after it can be parsed. A client may idle between
+//! frames, but a frame it starts must be finished within [`FRAME_TIMEOUT`], or its slot is
+//! taken back. One fd is kept in reserve so that a process out of fds can still accept a
+//! client and tell it why it cannot be served.
 //!
 //! The socket goes away with the server: on drop, at normal exit (`atexit`), and when
 //! SIGINT/SIGTERM/SIGHUP kill the process while their action is still the default (a handler
@@ -30,7 +33,8 @@ use crate::vfs::{Errno, FileSystem, OpenFile, OpenFlags};
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -44,6 +48,9 @@ pub const SERVE_ENV: &str = "USTRACE_SERVE";
 pub const STREAM_SLICE: Duration = Duration::from_millis(100);
 /// The most files one connection may hold open.
 pub const MAX_HANDLES: usize = 1024;
+/// How long a client may take to send the rest of a frame it started, or to take a reply
+/// off the socket, before its connection is closed.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a server reports refused clients and failures.
 pub type LogSink = Arc<dyn Fn(&str) + Send + Sync>;
@@ -56,6 +63,9 @@ pub struct ServerConfig {
     /// The most connections served at once; more are refused with `EMFILE`.
     pub max_connections: usize,
     pub log: LogSink,
+    /// See [`FRAME_TIMEOUT`]. A client idle between frames may stay connected; one that
+    /// stops in the middle of a frame would otherwise hold its connection slot forever.
+    pub frame_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +74,7 @@ impl Default for ServerConfig {
             socket_dir: None,
             max_connections: 128,
             log: Arc::new(|msg: &str| eprintln!("ustrace: {msg}")),
+            frame_timeout: FRAME_TIMEOUT,
         }
     }
 }
@@ -74,6 +85,7 @@ struct Shared {
     stopping: AtomicBool,
     owner_uid: u32,
     max_connections: usize,
+    frame_timeout: Duration,
     active: AtomicUsize,
     next_conn: AtomicU64,
     /// Clones of live connections, so stopping can shut them down and wake their threads.
@@ -125,6 +137,7 @@ impl Drop for ServerHandle {
             let _ = conn.shutdown(std::net::Shutdown::Both);
         }
         let _ = std::fs::remove_file(&self.socket);
+        remove_fallback_dir(&self.socket);
         forget_at_exit(&self.socket);
     }
 }
@@ -147,7 +160,18 @@ extern "C" fn remove_sockets_at_exit() {
             // A forked child inherits the list but not the socket's ownership.
             if *pid == me {
                 let _ = std::fs::remove_file(path);
+                remove_fallback_dir(path);
             }
+        }
+    }
+}
+
+/// Removes the private fallback directory `socket` was in, once it is empty (other servers of
+/// this process may still have sockets there; then removing fails, harmlessly).
+fn remove_fallback_dir(socket: &Path) {
+    if let Some(dir) = socket.parent() {
+        if discover::is_fallback_dir(dir, discover::euid()) {
+            let _ = std::fs::remove_dir(dir);
         }
     }
 }
@@ -254,8 +278,10 @@ fn forget_on_signal(path: &Path) {
     }
 }
 
-/// Makes the socket directory (0700) and checks that it belongs to us and nobody else can
-/// write in it: a socket in a directory another user controls could be swapped under us.
+/// Makes the socket directory, or checks one that is already there. A directory we create is
+/// made 0700. One that exists is used as it is — its mode is never changed, since it may be a
+/// shared directory such as `/tmp` — but only if nobody else could swap our socket in it:
+/// see [`discover::unsafe_dir`].
 fn prepare_dir(dir: &Path) -> io::Result<()> {
     if let Some(parent) = dir.parent() {
         if !parent.as_os_str().is_empty() && !parent.exists() {
@@ -276,26 +302,41 @@ fn prepare_dir(dir: &Path) -> io::Result<()> {
         }
     }
     let meta = std::fs::symlink_metadata(dir)?;
-    if !meta.is_dir() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("socket directory {} is not a directory", dir.display()),
-        ));
-    }
-    if meta.uid() != discover::euid() {
+    if let Some(why) = discover::unsafe_dir(&meta, discover::euid()) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
-                "socket directory {} belongs to uid {}, not to us",
+                "refusing socket directory {}: it {why}, so another user could replace the \
+                 socket; set {} to a directory only you can write",
                 dir.display(),
-                meta.uid()
+                discover::SOCKET_DIR_ENV
             ),
         ));
     }
-    if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
     Ok(())
+}
+
+/// A fresh private directory `/tmp/ustrace-<uid>.XXXXXX` (mode 0700, made by mkdtemp), for
+/// when the default directory is unusable: another user may create `/tmp/ustrace-<uid>`
+/// first, and that must not stop us serving. Discovery finds these directories by name and
+/// trusts only those that are ours ([`discover::fallback_dirs`]).
+fn private_fallback_dir() -> io::Result<PathBuf> {
+    let template = discover::fallback_template(discover::euid());
+    let mut raw = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in temp path"))?
+        .into_bytes_with_nul();
+    // SAFETY: raw is a writable NUL-terminated buffer ending in XXXXXX, as mkdtemp requires;
+    // mkdtemp only rewrites those six bytes.
+    let made = unsafe { libc::mkdtemp(raw.as_mut_ptr().cast()) };
+    if made.is_null() {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("cannot create {}: {e}", template.display()),
+        ));
+    }
+    raw.pop();
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(raw)))
 }
 
 /// Binds `dir/<pid>.sock` with mode 0600. The socket is bound under a temporary name, given
@@ -341,11 +382,26 @@ pub fn serve(fs: Arc<dyn FileSystem>) -> io::Result<ServerHandle> {
 
 /// Serves `fs` as `config` says.
 pub fn serve_with(fs: Arc<dyn FileSystem>, config: ServerConfig) -> io::Result<ServerHandle> {
-    let dir = config
+    let chosen = config
         .socket_dir
         .clone()
-        .unwrap_or_else(discover::default_socket_dir);
-    let (listener, socket) = bind_socket(&dir)?;
+        .or_else(discover::configured_socket_dir);
+    let (listener, socket) = match chosen {
+        // A directory someone named is used or refused, never swapped for another.
+        Some(dir) => bind_socket(&dir)?,
+        None => {
+            let dir = discover::default_socket_dir();
+            match bind_socket(&dir) {
+                Ok(bound) => bound,
+                Err(e) if e.kind() != io::ErrorKind::AddrInUse => {
+                    let fallback = private_fallback_dir()?;
+                    (config.log)(&format!("{e}; serving from {} instead", fallback.display()));
+                    bind_socket(&fallback)?
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
     let result = start(fs, config, listener, socket.clone());
     if result.is_err() {
         let _ = std::fs::remove_file(&socket);
@@ -374,15 +430,18 @@ fn start(
         stopping: AtomicBool::new(false),
         owner_uid: discover::euid(),
         max_connections: config.max_connections,
+        frame_timeout: config.frame_timeout,
         active: AtomicUsize::new(0),
         next_conn: AtomicU64::new(0),
         conns: Mutex::new(HashMap::new()),
     });
+    // Taken before serving starts, so it is there however soon the process runs out.
+    let reserve = open_reserve();
     let accept = {
         let shared = shared.clone();
         std::thread::Builder::new()
             .name("ustrace-ctl".into())
-            .spawn(move || accept_loop(&shared, &listener, &wake_rx))?
+            .spawn(move || accept_loop(&shared, &listener, &wake_rx, reserve))?
     };
     remember_at_exit(&socket);
     Ok(ServerHandle {
@@ -393,7 +452,23 @@ fn start(
     })
 }
 
-fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener, wake: &OwnedFd) {
+/// An fd held back for the moment the process runs out of them: closing it makes room to
+/// accept one waiting client and tell it why it cannot be served. Without it the client is
+/// never accepted and waits, unanswered, until it gives up.
+fn open_reserve() -> Option<OwnedFd> {
+    std::fs::File::open("/dev/null").ok().map(OwnedFd::from)
+}
+
+fn out_of_fds(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+fn accept_loop(
+    shared: &Arc<Shared>,
+    listener: &UnixListener,
+    wake: &OwnedFd,
+    mut reserve: Option<OwnedFd>,
+) {
     loop {
         let mut fds = [
             libc::pollfd {
@@ -419,6 +494,22 @@ fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener, wake: &OwnedFd) {
             Ok((stream, _)) => admit(shared, stream),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if out_of_fds(&e) && reserve.is_some() => {
+                drop(reserve.take());
+                if let Ok((stream, _)) = listener.accept() {
+                    let msg = format!(
+                        "process {} is out of file descriptors ({}); raise its RLIMIT_NOFILE \
+                         or make it close files",
+                        std::process::id(),
+                        Errno(e.raw_os_error().unwrap_or(libc::EMFILE))
+                    );
+                    (shared.log)(&format!("refused control connection: {msg}"));
+                    refuse(stream, Errno(libc::EMFILE), &msg);
+                }
+                // Another thread may take the freed number first; then the next shortage
+                // falls back to waiting below.
+                reserve = open_reserve();
+            }
             Err(e) => {
                 (shared.log)(&format!("control socket accept failed: {e}"));
                 // Out of fds or memory: back off instead of spinning.
@@ -523,6 +614,7 @@ pub fn serve_connection(fs: Arc<dyn FileSystem>, stream: UnixStream) {
         stopping: AtomicBool::new(false),
         owner_uid: discover::euid(),
         max_connections: 1,
+        frame_timeout: FRAME_TIMEOUT,
         active: AtomicUsize::new(1),
         next_conn: AtomicU64::new(0),
         conns: Mutex::new(HashMap::new()),
@@ -554,6 +646,26 @@ fn peer_gone(stream: &UnixStream) -> bool {
     // SAFETY: fd is one valid pollfd; timeout 0 makes this a non-blocking check.
     let n = unsafe { libc::poll(&mut fd, 1, 0) };
     n > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Reads from a stream until a fixed deadline, however the bytes are spread over time.
+struct DeadlineReader<'a> {
+    stream: &'a UnixStream,
+    deadline: Instant,
+}
+
+impl io::Read for DeadlineReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        match (&mut &*self.stream).read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::ErrorKind::TimedOut.into()),
+            r => r,
+        }
+    }
 }
 
 struct Connection<'a> {
@@ -588,13 +700,54 @@ impl<'a> Connection<'a> {
         }
     }
 
+    /// Reads the next request frame. Waiting for its first byte has no limit (a client may
+    /// sit idle between requests); the rest must arrive within the frame timeout, so a
+    /// client that sends half a frame and stops cannot hold its slot forever.
+    fn next_frame(&mut self) -> Result<Vec<u8>, FrameError> {
+        loop {
+            let mut fd = libc::pollfd {
+                fd: self.stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            let n = unsafe { libc::poll(&mut fd, 1, -1) };
+            if n > 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if n < 0 && e.kind() != io::ErrorKind::Interrupted {
+                return Err(FrameError::Io(e));
+            }
+        }
+        let mut reader = DeadlineReader {
+            stream: &self.stream,
+            deadline: Instant::now() + self.shared.frame_timeout,
+        };
+        proto::read_frame(&mut reader)
+    }
+
     fn run(mut self) {
+        let _ = self
+            .stream
+            .set_write_timeout(Some(self.shared.frame_timeout));
         loop {
             if self.shared.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            let body = match proto::read_frame(&mut self.stream) {
+            let body = match self.next_frame() {
                 Ok(body) => body,
+                Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
+                    let msg = format!(
+                        "request frame not completed within {:?}; closing the connection",
+                        self.shared.frame_timeout
+                    );
+                    (self.shared.log)(&format!("control connection: {msg}"));
+                    let _ = self
+                        .stream
+                        .write_all(&Reply::error(Errno(libc::ETIMEDOUT), msg).encode());
+                    return;
+                }
                 Err(FrameError::TooLarge { len }) => {
                     let e = FrameError::TooLarge { len };
                     let _ = self

@@ -346,6 +346,7 @@ fn connection_limit_is_enforced() {
         socket_dir: Some(dir.path().join("u")),
         max_connections: 2,
         log: Arc::new(|_: &str| {}),
+        ..ServerConfig::default()
     };
     let h = server::serve_with(Arc::new(MemFs::sample()), config).unwrap();
     let mut a = Client::connect_path(h.socket_path()).unwrap();
