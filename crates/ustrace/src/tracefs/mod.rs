@@ -40,43 +40,44 @@ pub fn tracefs() -> TraceFs {
     TraceFs
 }
 
-/// Files every instance has, with their modes.
+/// Files every instance has, with their modes: the kernel's (group may read, others nothing;
+/// `trace_marker` group-writable, `free_buffer` owner-only).
 const INSTANCE_FILES: &[(&str, u32)] = &[
-    ("available_tracers", 0o444),
-    ("set_event_notrace_pid", 0o644),
-    ("set_event_pid", 0o644),
-    ("buffer_size_kb", 0o644),
-    ("buffer_total_size_kb", 0o444),
-    ("current_tracer", 0o644),
-    ("error_log", 0o644),
+    ("available_tracers", 0o440),
+    ("set_event_notrace_pid", 0o640),
+    ("set_event_pid", 0o640),
+    ("buffer_size_kb", 0o640),
+    ("buffer_total_size_kb", 0o440),
+    ("current_tracer", 0o640),
+    ("error_log", 0o640),
     ("free_buffer", 0o200),
-    ("set_event", 0o644),
-    ("snapshot", 0o644),
-    ("trace", 0o644),
-    ("trace_clock", 0o644),
+    ("set_event", 0o640),
+    ("snapshot", 0o640),
+    ("trace", 0o640),
+    ("trace_clock", 0o640),
     ("trace_marker", 0o220),
-    ("trace_options", 0o644),
-    ("trace_pipe", 0o444),
-    ("tracing_on", 0o644),
+    ("trace_options", 0o640),
+    ("trace_pipe", 0o440),
+    ("tracing_on", 0o640),
 ];
 
 /// Files only the top-level directory has.
 const TOP_FILES: &[(&str, u32)] = &[
-    ("README", 0o444),
-    ("available_events", 0o444),
-    ("available_filter_functions", 0o444),
-    ("dynamic_events", 0o644),
-    ("enabled_functions", 0o444),
-    ("saved_cmdlines", 0o444),
-    ("saved_cmdlines_size", 0o644),
+    ("README", 0o440),
+    ("available_events", 0o440),
+    ("available_filter_functions", 0o440),
+    ("dynamic_events", 0o640),
+    ("enabled_functions", 0o440),
+    ("saved_cmdlines", 0o440),
+    ("saved_cmdlines_size", 0o640),
 ];
 
 const CPU_FILES: &[(&str, u32)] = &[
-    ("buffer_size_kb", 0o644),
-    ("stats", 0o444),
-    ("trace", 0o644),
-    ("trace_pipe", 0o444),
-    ("trace_pipe_raw", 0o444),
+    ("buffer_size_kb", 0o640),
+    ("stats", 0o440),
+    ("trace", 0o640),
+    ("trace_pipe", 0o440),
+    ("trace_pipe_raw", 0o440),
 ];
 
 /// What a path names.
@@ -238,22 +239,32 @@ fn mode_of(file: &File) -> u32 {
             .iter()
             .chain(TOP_FILES)
             .find(|(n, _)| n == name)
-            .map_or(0o444, |(_, m)| *m),
+            .map_or(0o440, |(_, m)| *m),
         File::Cpu(_, _, name) => CPU_FILES
             .iter()
             .find(|(n, _)| n == name)
-            .map_or(0o444, |(_, m)| *m),
-        File::HeaderPage | File::HeaderEvent | File::EventFormat(_) | File::EventId(_) => 0o444,
-        _ => 0o644,
+            .map_or(0o440, |(_, m)| *m),
+        File::HeaderPage | File::HeaderEvent | File::EventFormat(_) | File::EventId(_) => 0o440,
+        _ => 0o640,
+    }
+}
+
+/// The kernel's directory modes: the top directory is its mount's default 0700, the event
+/// tree (eventfs) 0755, every other directory 0750.
+fn dir_mode(dir: &Dir) -> u32 {
+    match dir {
+        Dir::Root(instance) if instance.name.is_empty() => 0o700,
+        Dir::Events(_) | Dir::System(..) | Dir::Event(_) => 0o755,
+        Dir::Root(_) | Dir::Instances | Dir::PerCpu(_) | Dir::Cpu | Dir::Options => 0o750,
     }
 }
 
 impl FileSystem for TraceFs {
     fn stat(&self, path: &str) -> Result<Stat, Errno> {
         Ok(match resolve(path)? {
-            Node::Dir(_) => Stat {
+            Node::Dir(dir) => Stat {
                 kind: FileKind::Dir,
-                mode: 0o755,
+                mode: dir_mode(&dir),
             },
             Node::File(file) => Stat {
                 kind: FileKind::File,
