@@ -86,7 +86,9 @@ enum Command {
     #[command(after_help = "Examples:\n  ustrace mount -p 1234 /mnt/t &\n  \
                             echo 1 > /mnt/t/events/kv/enable\n  cat /mnt/t/trace\n  \
                             mkdir /mnt/t/instances/foo\n  \
-                            cat /mnt/t/trace_pipe       (Ctrl-C to stop)\n\
+                            cat /mnt/t/trace_pipe       (Ctrl-C to stop)\n  \
+                            ustrace mount -p 1234 --allow-group tracing /mnt/t   \
+                            (members of `tracing` may read it too)\n\
                             As root no fusermount is needed. A mount left by a killed \
                             `ustrace mount` is cleaned up by the next one on the same directory.")]
     Mount(mount::MountArgs),

@@ -16,9 +16,45 @@ pub struct MountArgs {
     pub target: crate::remote::PidArg,
     /// An existing empty directory to mount on.
     pub dir: PathBuf,
-    /// Let other users use the mount too (FUSE `allow_other`).
-    #[arg(long)]
-    pub allow_other: bool,
+    /// Let the members of GROUP (a name or a gid) use the mount too: files are shown as
+    /// owned by GROUP with the kernel's group bits (read, and write `trace_marker`), others
+    /// get nothing, and the kernel enforces the modes. Without it only you may use the mount.
+    /// (`--allow-other` is the same option: it needs a GROUP, since anyone who can read
+    /// `trace_pipe` consumes your events.)
+    #[arg(long, alias = "allow-other", value_name = "GROUP")]
+    pub allow_group: Option<String>,
+}
+
+/// The gid of `group`, a group name or a number.
+fn group_id(group: &str) -> Result<u32, String> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(group).map_err(|_| format!("bad group name {group:?}"))?;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: group is plain data; all zeroes is a valid value.
+    let mut entry: libc::group = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call and buf's length is passed with it.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut entry,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "cannot look up group {group:?}: {}",
+            std::io::Error::from_raw_os_error(rc)
+        ));
+    }
+    if found.is_null() {
+        return Err(format!("no group named {group:?}"));
+    }
+    Ok(entry.gr_gid)
 }
 
 fn signal_set() -> libc::sigset_t {
@@ -39,6 +75,7 @@ fn in_path(program: &str) -> bool {
 }
 
 pub fn run(args: MountArgs) -> Result<(), String> {
+    let allow_group = args.allow_group.as_deref().map(group_id).transpose()?;
     let socket = discover::find_socket(args.target.pid).map_err(|e| e.to_string())?;
     if discover::euid() != 0 && !in_path("fusermount3") && !in_path("fusermount") {
         return Err(
@@ -57,7 +94,7 @@ pub fn run(args: MountArgs) -> Result<(), String> {
         ));
     }
     let options = MountOptions {
-        allow_other: args.allow_other,
+        allow_group,
         ..MountOptions::default()
     };
     let mount = Mount::spawn(&socket, &args.dir, &options).map_err(|e| e.to_string())?;

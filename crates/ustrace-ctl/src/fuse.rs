@@ -23,6 +23,10 @@
 //!   what lets the answer come;
 //! - the mount's source (fsname) is `tracefs`, which is what tools scanning /proc/mounts
 //!   look for;
+//! - the kernel enforces the modes shown (`default_permissions`): the tracefs's own, owned by
+//!   the mounting user, or with [`MountOptions::allow_group`] owned by that group with no
+//!   bits for others; `chmod`/`chown` are kept per inode, and the operations tracefs lacks
+//!   fail with the kernel's errnos (`EPERM`, `EACCES` for create);
 //! - a mount whose server was killed leaves the directory answering `ENOTCONN`;
 //!   [`cleanup_stale`] detaches it (`umount2(MNT_DETACH)`), and [`Mount::spawn`] calls it first.
 
@@ -63,6 +67,16 @@ fn cerr(e: &CtlError) -> fuser::Errno {
 
 /// A directory's entries as the kernel gets them: inode, type, name.
 type Listing = Vec<(u64, FileType, String)>;
+
+/// What `chmod`/`chown` set on one inode. The kernel's tracefs accepts both and keeps them
+/// on the inode until the file goes away; the control socket has no such request (the
+/// traced process's tree has no owners), so the mount keeps them, per inode.
+#[derive(Clone, Copy, Default)]
+struct Changed {
+    perm: Option<u16>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+}
 
 /// Two-way map between inode numbers and tracefs paths. Numbers are never reused, so a stale
 /// inode can only ever name the path it was given for.
@@ -131,6 +145,9 @@ struct Adapter {
     next_fh: AtomicU64,
     uid: u32,
     gid: u32,
+    /// The group let in with [`MountOptions::allow_group`].
+    group: Option<u32>,
+    changed: Mutex<HashMap<u64, Changed>>,
     stopping: Arc<AtomicBool>,
 }
 
@@ -193,6 +210,14 @@ impl Adapter {
             FileKind::Dir => FileType::Directory,
             FileKind::File => FileType::RegularFile,
         };
+        let (mut perm, mut gid) =
+            shown_mode(st.mode, kind == FileType::Directory, self.gid, self.group);
+        let mut uid = self.uid;
+        if let Some(c) = lock(&self.changed).get(&ino) {
+            perm = c.perm.unwrap_or(perm);
+            uid = c.uid.unwrap_or(uid);
+            gid = c.gid.unwrap_or(gid);
+        }
         let now = SystemTime::now();
         FileAttr {
             ino: INodeNo(ino),
@@ -203,10 +228,10 @@ impl Adapter {
             ctime: now,
             crtime: now,
             kind,
-            perm: (st.mode & 0o7777) as u16,
+            perm,
             nlink: if kind == FileType::Directory { 2 } else { 1 },
-            uid: self.uid,
-            gid: self.gid,
+            uid,
+            gid,
             rdev: 0,
             blksize: 4096,
             flags: 0,
@@ -248,12 +273,43 @@ impl Adapter {
         Ok(all)
     }
 
+    /// Forgets what chmod/chown set on `path` and everything below it: a removed instance
+    /// made again starts with the tracefs's modes, as on the kernel.
+    fn forget_changes(&self, path: &str) {
+        let inodes = lock(&self.inodes);
+        let mut changed = lock(&self.changed);
+        let below = format!("{path}/");
+        changed.retain(|ino, _| {
+            inodes
+                .path(*ino)
+                .is_none_or(|p| p != path && !p.starts_with(&below))
+        });
+    }
+
     fn file(&self, fh: FileHandle) -> Result<Arc<Mutex<OpenRemote>>, fuser::Errno> {
         lock(&self.files)
             .get(&fh.0)
             .cloned()
             .ok_or(fuser::Errno::EBADF)
     }
+}
+
+/// The mode and group a path is shown with. Without a group the tracefs's own modes stand
+/// (the kernel's: files 0640/0440, owner-only directories), and FUSE lets nobody but the
+/// mounting user in. With one, everything belongs to that group: it gets the group bits the
+/// tracefs gives (read `trace_pipe`, not write `enable`, as the kernel's tracefs mounted with
+/// `gid=`), directories also let it search and list (like `mode=750`), and others get
+/// nothing, since with `allow_other` only these modes keep them out.
+fn shown_mode(mode: u32, dir: bool, own_gid: u32, group: Option<u32>) -> (u16, u32) {
+    let mut perm = mode & 0o7777;
+    let Some(group) = group else {
+        return (perm as u16, own_gid);
+    };
+    perm &= !0o007;
+    if dir {
+        perm |= (perm & 0o500) >> 3;
+    }
+    (perm as u16, group)
 }
 
 fn open_flags(flags: i32) -> OpenFlags {
@@ -343,9 +399,9 @@ impl Filesystem for Adapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         _size: Option<u64>,
         _atime: Option<fuser::TimeOrNow>,
         _mtime: Option<fuser::TimeOrNow>,
@@ -357,13 +413,27 @@ impl Filesystem for Adapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        // Truncation arrives with the open (atomic O_TRUNC); timestamps and modes of tracefs
-        // files are not settable. Answer with the attributes as they are, as tracefs does for
-        // a shell's `: > file`.
-        match self
+        // Truncation arrives with the open (atomic O_TRUNC), and tracefs times do not move:
+        // like the kernel's tracefs, accept those and change nothing. chmod and chown are
+        // kept (see `Changed`); the kernel has already checked, from the modes, that the
+        // caller may make them (default_permissions).
+        let stat = self
             .path(ino)
-            .and_then(|p| self.with_client(|c| c.stat(&p)))
-        {
+            .and_then(|p| self.with_client(|c| c.stat(&p)));
+        if stat.is_ok() && (mode.is_some() || uid.is_some() || gid.is_some()) {
+            let mut changed = lock(&self.changed);
+            let c = changed.entry(ino.0).or_default();
+            if let Some(m) = mode {
+                c.perm = Some((m & 0o7777) as u16);
+            }
+            if uid.is_some() {
+                c.uid = uid;
+            }
+            if gid.is_some() {
+                c.gid = gid;
+            }
+        }
+        match stat {
             Ok(st) => reply.attr(&TTL, &self.attr(ino.0, st)),
             Err(e) => reply.error(e),
         }
@@ -395,14 +465,72 @@ impl Filesystem for Adapter {
         let result = self
             .path(parent)
             .and_then(|p| join(&p, name))
-            .and_then(|p| self.with_client(|c| c.rmdir(&p)));
+            .and_then(|p| {
+                self.with_client(|c| c.rmdir(&p))?;
+                Ok(p)
+            });
         match result {
-            Ok(()) => reply.ok(),
+            Ok(p) => {
+                self.forget_changes(&p);
+                reply.ok()
+            }
             Err(e) => reply.error(e),
         }
     }
 
+    // The operations tracefs does not have answer as the kernel's tracefs does (checked on
+    // 6.18): EPERM for unlink, rename, link, symlink and mknod; EACCES for create.
+
     fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(fuser::Errno::EPERM);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(fuser::Errno::EPERM);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(fuser::Errno::EPERM);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(fuser::Errno::EPERM);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
         reply.error(fuser::Errno::EPERM);
     }
 
@@ -612,15 +740,18 @@ impl Filesystem for Adapter {
 pub struct MountOptions {
     /// The mount's source in /proc/mounts.
     pub fsname: String,
-    /// Let users other than the mounting one use the mount (`allow_other`).
-    pub allow_other: bool,
+    /// Let the members of this group use the mount too (FUSE `allow_other`, limited by
+    /// `default_permissions` to what the modes grant: see [`shown_mode`]). `None`: only the
+    /// mounting user. There is no way to open it to everyone: any reader of `trace_pipe`
+    /// consumes what the owner traces.
+    pub allow_group: Option<u32>,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
             fsname: "tracefs".into(),
-            allow_other: false,
+            allow_group: None,
         }
     }
 }
@@ -755,6 +886,8 @@ impl Mount {
             uid: unsafe { libc::getuid() },
             // SAFETY: as above.
             gid: unsafe { libc::getgid() },
+            group: options.allow_group,
+            changed: Mutex::new(HashMap::new()),
             stopping: stopping.clone(),
         };
         let mut config = Config::default();
@@ -766,7 +899,9 @@ impl Mount {
             MountOption::NoDev,
             MountOption::NoAtime,
         ];
-        if options.allow_other {
+        // The kernel checks every access against the modes (DefaultPermissions above), so
+        // letting other users in gives them only what the group bits grant.
+        if options.allow_group.is_some() {
             config.acl = SessionACL::All;
         }
         config.n_threads = Some(2);
@@ -894,6 +1029,17 @@ mod tests {
             Path::new("/definitely/not/mounted"),
             "tracefs"
         ));
+    }
+
+    #[test]
+    fn a_named_group_gets_group_bits_and_others_nothing() {
+        assert_eq!(shown_mode(0o640, false, 7, None), (0o640, 7));
+        assert_eq!(shown_mode(0o700, true, 7, None), (0o700, 7));
+        assert_eq!(shown_mode(0o640, false, 7, Some(50)), (0o640, 50));
+        assert_eq!(shown_mode(0o644, false, 7, Some(50)), (0o640, 50));
+        assert_eq!(shown_mode(0o220, false, 7, Some(50)), (0o220, 50));
+        assert_eq!(shown_mode(0o700, true, 7, Some(50)), (0o750, 50));
+        assert_eq!(shown_mode(0o755, true, 7, Some(50)), (0o750, 50));
     }
 
     #[test]
