@@ -126,3 +126,17 @@ pub fn run(args: MountArgs) -> Result<(), String> {
     mount.unmount();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_are_named_or_numbered() {
+        assert_eq!(group_id("0"), Ok(0));
+        assert_eq!(group_id("4242"), Ok(4242));
+        assert_eq!(group_id("root"), Ok(0));
+        let err = group_id("no-such-group-here").unwrap_err();
+        assert!(err.contains("no group named"), "{err}");
+    }
+}

@@ -32,7 +32,10 @@ impl CtlError {
     /// The errno a door should report for this failure.
     pub fn errno(&self) -> Errno {
         match self {
-            CtlError::Io(e) => Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+            CtlError::Io(e) => Errno(e.raw_os_error().unwrap_or(match e.kind() {
+                io::ErrorKind::TimedOut => libc::ETIMEDOUT,
+                _ => libc::EIO,
+            })),
             CtlError::Remote { errno, .. } => *errno,
             CtlError::Protocol(_) => Errno(libc::EPROTO),
         }
@@ -152,6 +155,22 @@ impl Client {
             };
         }
         let body = proto::read_frame(&mut self.stream).map_err(|e| match e {
+            FrameError::Io(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                // The reply timed out: say so, rather than "Resource temporarily unavailable".
+                CtlError::Io(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "no reply from the traced process within {:?} (is it stopped, or out \
+                         of file descriptors?)",
+                        wait.unwrap_or_default()
+                    ),
+                ))
+            }
             FrameError::Io(e) => CtlError::Io(e),
             FrameError::Closed => CtlError::Io(io::Error::new(
                 io::ErrorKind::UnexpectedEof,

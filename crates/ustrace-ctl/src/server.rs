@@ -497,12 +497,17 @@ fn accept_loop(
             Err(e) if out_of_fds(&e) && reserve.is_some() => {
                 drop(reserve.take());
                 if let Ok((stream, _)) = listener.accept() {
-                    let msg = format!(
-                        "process {} is out of file descriptors ({}); raise its RLIMIT_NOFILE \
-                         or make it close files",
-                        std::process::id(),
-                        Errno(e.raw_os_error().unwrap_or(libc::EMFILE))
-                    );
+                    let msg = if e.raw_os_error() == Some(libc::ENFILE) {
+                        "the system is out of file descriptors (fs.file-max); the traced \
+                         process cannot serve this connection"
+                            .to_owned()
+                    } else {
+                        format!(
+                            "process {} has used all the file descriptors its RLIMIT_NOFILE \
+                             allows; raise the limit or make it close files",
+                            std::process::id()
+                        )
+                    };
                     (shared.log)(&format!("refused control connection: {msg}"));
                     refuse(stream, Errno(libc::EMFILE), &msg);
                 }

@@ -141,7 +141,7 @@ fn a_server_out_of_file_descriptors_answers_with_an_error() {
             Err(CtlError::Remote { errno, message }) => {
                 assert_eq!(errno, Errno(libc::EMFILE), "attempt {attempt}: {message}");
                 assert!(
-                    message.contains("out of file descriptors"),
+                    message.contains("used all the file descriptors its RLIMIT_NOFILE"),
                     "attempt {attempt}: {message}"
                 );
                 let shown = CtlError::Remote { errno, message }.to_string();
@@ -412,4 +412,21 @@ fn discovery_ignores_sockets_in_directories_others_control() {
         "listed a socket from a directory anyone can write"
     );
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+#[test]
+fn a_server_that_never_answers_is_reported_as_such() {
+    let dir = TempDir::new("mute");
+    let path = dir.path().join("mute.sock");
+    // Never accepted: the backlog holds the connection, as for a stopped process.
+    let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let mut c = Client::connect_path(&path).unwrap();
+    c.set_timeout(Some(Duration::from_millis(200)));
+    let err = c.hello().unwrap_err();
+    assert_eq!(err.errno(), Errno(libc::ETIMEDOUT), "{err}");
+    assert!(
+        err.to_string()
+            .contains("no reply from the traced process within"),
+        "{err}"
+    );
 }
