@@ -35,7 +35,7 @@ use crate::vfs::{DirEntry, Errno, FileKind, OpenFlags, Stat};
 use fuser::{
     Config, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, SessionACL, WriteFlags,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr, Request, SessionACL, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
@@ -546,6 +546,20 @@ impl Filesystem for Adapter {
     ) {
         // tracefs has no create: the kernel answers a redirect to a new name with EACCES.
         reply.error(fuser::Errno::EACCES);
+    }
+
+    /// tracefs has no extended attributes: an empty list, as the kernel's gives. (Getting,
+    /// setting and removing one fall to fuser's ENOSYS, which the kernel's FUSE turns into
+    /// EOPNOTSUPP, tracefs's answer too.)
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if let Err(e) = self.path(ino) {
+            return reply.error(e);
+        }
+        if size == 0 {
+            reply.size(0)
+        } else {
+            reply.data(&[])
+        }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: fuser::OpenFlags, reply: ReplyOpen) {

@@ -2,9 +2,9 @@
 //!
 //! [`serve`] binds `<socket dir>/<pid>.sock` (mode 0600, in a private or sticky directory) and
 //! starts one background thread that accepts connections; each accepted connection gets a
-//! thread of its own that decodes requests and calls the [`FileSystem`]. Nothing here runs on, waits for,
-//! or signals the traced threads: they only ever see the tracefs's own locks, exactly as when
-//! a file is read in-process.
+//! thread of its own that decodes requests and calls the [`FileSystem`]. Nothing here runs
+//! on, waits for, or signals the traced threads: they only ever see the tracefs's own locks,
+//! exactly as when a file is read in-process.
 //!
 //! ```text
 //!   client ──connect──► accept thread ── SO_PEERCRED: uid == ours or 0? ──no──► EACCES, log
@@ -666,7 +666,7 @@ impl io::Read for DeadlineReader<'_> {
             return Err(io::ErrorKind::TimedOut.into());
         }
         self.stream.set_read_timeout(Some(left))?;
-        match (&mut &*self.stream).read(buf) {
+        match io::Read::read(&mut &*self.stream, buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::ErrorKind::TimedOut.into()),
             r => r,
         }

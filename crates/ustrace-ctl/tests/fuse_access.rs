@@ -200,7 +200,26 @@ fn unsupported_ops(base: &Path, file: &str, dir: &str) -> Vec<(String, String)> 
         if fd >= 0 {
             libc::close(fd);
         }
+        let name = CString::new("user.x").unwrap();
+        let mut buf = [0u8; 64];
+        record(
+            "getxattr",
+            libc::getxattr(c(&f).as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 64) as i32,
+        );
+        record(
+            "listxattr",
+            libc::listxattr(c(&f).as_ptr(), buf.as_mut_ptr().cast(), 64) as i32,
+        );
+        record(
+            "setxattr",
+            libc::setxattr(c(&f).as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0),
+        );
+        record(
+            "removexattr",
+            libc::removexattr(c(&f).as_ptr(), name.as_ptr()),
+        );
         record("utimes", libc::utimes(c(&f).as_ptr(), std::ptr::null()));
+        record("truncate", libc::truncate(c(&f).as_ptr(), 0));
         record("chmod", libc::chmod(c(&f).as_ptr(), 0o600));
         record("chown", libc::chown(c(&f).as_ptr(), 2, 2));
     }
@@ -246,7 +265,12 @@ fn operations_tracefs_lacks_fail_as_on_the_kernel() {
             ("unlink".into(), e(libc::EPERM)),
             ("mknod fifo".into(), e(libc::EPERM)),
             ("open O_CREAT".into(), e(libc::EACCES)),
+            ("getxattr".into(), e(libc::EOPNOTSUPP)),
+            ("listxattr".into(), e(0)),
+            ("setxattr".into(), e(libc::EOPNOTSUPP)),
+            ("removexattr".into(), e(libc::EOPNOTSUPP)),
             ("utimes".into(), e(0)),
+            ("truncate".into(), e(0)),
             ("chmod".into(), e(0)),
             ("chown".into(), e(0)),
             ("after chmod, chown".into(), "0600 2:2".into()),
