@@ -176,9 +176,76 @@ impl Inventory {
         None
     }
 
-    /// Every function whose demangled or mangled name equals `name`.
+    /// Every function `name` names, preferred first.
+    ///
+    /// A symbol table spells a versioned definition `name@@VERSION` (the default version,
+    /// what new links and `dlsym` get) or `name@VERSION` (kept for old binaries); glibc has
+    /// both for `pthread_cond_wait`, `realpath`, `clock_nanosleep`. So `name` is a symbol
+    /// spec, as `dlsym`/`dlvsym` read one:
+    ///
+    /// * `name` (no `@`): the definitions spelled exactly so and the default version
+    ///   `name@@VERSION`, as the linker and `dlsym` resolve `name`; when there are neither,
+    ///   the other versions (a name kept only for old binaries is still that name).
+    /// * `name@VERSION`: that version, whether or not it is the default one.
+    /// * `name@@VERSION`: that version only if it is the default.
+    ///
+    /// A name with its version, as `available_filter_functions` lists it, is found by the
+    /// exact rule. Exact matches come first, then by address.
     pub fn find(&self, name: &str) -> Vec<&Symbol> {
-        let mut out: Vec<&Symbol> = Vec::new();
+        fn add<'s>(rank: u8, s: &'s Symbol, out: &mut Vec<(u8, &'s Symbol)>) {
+            match out.iter_mut().find(|(_, o)| std::ptr::eq(*o, s)) {
+                Some(seen) => seen.0 = seen.0.min(rank),
+                None => out.push((rank, s)),
+            }
+        }
+        let mut out: Vec<(u8, &Symbol)> = Vec::new();
+        for s in self.with_name(name) {
+            add(0, s, &mut out);
+        }
+        match name.split_once('@') {
+            None => {
+                // Every `name@...`: the names sort right after `name@`, contiguously.
+                let prefix = format!("{name}@");
+                let versions = self.with_prefix(&prefix);
+                let is_default = |s: &Symbol| {
+                    [&s.name, &s.mangled]
+                        .iter()
+                        .any(|n| n.len() > prefix.len() && n[prefix.len()..].starts_with('@'))
+                };
+                for s in versions.iter().filter(|s| is_default(s)) {
+                    add(1, s, &mut out);
+                }
+                if out.is_empty() {
+                    for s in versions {
+                        add(2, s, &mut out);
+                    }
+                }
+            }
+            Some((base, version)) if !version.starts_with('@') && !base.is_empty() => {
+                // `name@VERSION` also names the default definition `name@@VERSION`.
+                for s in self.with_name(&format!("{base}@@{version}")) {
+                    add(1, s, &mut out);
+                }
+            }
+            Some(_) => {}
+        }
+        out.sort_by_key(|(rank, s)| (*rank, s.addr));
+        out.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// Functions whose demangled or mangled name is exactly `name`.
+    fn with_name(&self, name: &str) -> Vec<&Symbol> {
+        self.name_range(name, |key| key == name)
+    }
+
+    /// Functions whose demangled or mangled name starts with `prefix`.
+    fn with_prefix(&self, prefix: &str) -> Vec<&Symbol> {
+        self.name_range(prefix, |key| key.starts_with(prefix))
+    }
+
+    /// Both name indexes from the first key `>= start` for as long as `take` holds.
+    fn name_range(&self, start: &str, take: impl Fn(&str) -> bool) -> Vec<&Symbol> {
+        let mut out = Vec::new();
         for (index, key) in [
             (
                 &self.by_name,
@@ -186,18 +253,14 @@ impl Inventory {
             ),
             (&self.by_mangled, |s: &Symbol| s.mangled.as_str()),
         ] {
-            let first = index.partition_point(|&i| key(&self.functions[i as usize]) < name);
-            for &i in &index[first..] {
-                let s = &self.functions[i as usize];
-                if key(s) != name {
-                    break;
-                }
-                if !out.iter().any(|o| std::ptr::eq(*o, s)) {
-                    out.push(s);
-                }
-            }
+            let first = index.partition_point(|&i| key(&self.functions[i as usize]) < start);
+            out.extend(
+                index[first..]
+                    .iter()
+                    .map(|&i| &self.functions[i as usize])
+                    .take_while(|s| take(key(s))),
+            );
         }
-        out.sort_by_key(|s| s.addr);
         out
     }
 
@@ -1008,6 +1071,57 @@ mod tests {
         s.clear();
         inv.write_ip_sym(&mut s, 0, SymFlags::default());
         assert_eq!(s, "0");
+    }
+
+    fn versioned() -> Inventory {
+        let lib: Arc<str> = Arc::from("/lib/libc.so.6");
+        let mut functions = vec![
+            sym("cond_wait@GLIBC_2.2.5", 0x1000, 0x10, &lib),
+            sym("cond_wait@@GLIBC_2.3.2", 0x2000, 0x10, &lib),
+            sym("nanosleep@GLIBC_2.2.5", 0x3000, 0x10, &lib),
+            sym("nanosleep@@GLIBC_2.17", 0x3000, 0x10, &lib),
+            sym("cond_wait_x", 0x4000, 0x10, &lib),
+            sym("plain", 0x5000, 0x10, &lib),
+            sym("compat_only@GLIBC_2.2.5", 0x6000, 0x10, &lib),
+            sym("compat_only@GLIBC_2.3", 0x7000, 0x10, &lib),
+        ];
+        sort_and_dedup(&mut functions);
+        let by_name = sorted_index(&functions, |s| &s.name);
+        let by_mangled = sorted_index(&functions, |s| &s.mangled);
+        Inventory {
+            functions,
+            objects: Vec::new(),
+            by_name,
+            by_mangled,
+            generation: (0, 0),
+        }
+    }
+
+    #[test]
+    fn find_reads_symbol_versions() {
+        let inv = versioned();
+        let addrs = |spec: &str| -> Vec<usize> { inv.find(spec).iter().map(|s| s.addr).collect() };
+        // A bare name: the default version, as dlsym resolves it; not `cond_wait_x`.
+        assert_eq!(addrs("cond_wait"), [0x2000]);
+        assert_eq!(
+            inv.find("nanosleep")
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>(),
+            ["nanosleep@@GLIBC_2.17"]
+        );
+        // Only old versions: still found by the bare name.
+        assert_eq!(addrs("compat_only"), [0x6000, 0x7000]);
+        // Names as listed, and `name@VERSION` for a default version.
+        assert_eq!(addrs("cond_wait@@GLIBC_2.3.2"), [0x2000]);
+        assert_eq!(addrs("cond_wait@GLIBC_2.2.5"), [0x1000]);
+        assert_eq!(addrs("cond_wait@GLIBC_2.3.2"), [0x2000]);
+        // `@@` names the default version only.
+        assert!(inv.find("cond_wait@@GLIBC_2.2.5").is_empty());
+        assert!(inv.find("cond_wait@GLIBC_9").is_empty());
+        assert!(inv.find("cond_wai").is_empty());
+        assert!(inv.find("@GLIBC_2.2.5").is_empty());
+        assert_eq!(addrs("plain"), [0x5000]);
     }
 
     #[test]

@@ -431,3 +431,181 @@ fn eprobes_attach_to_fprobe_events_and_to_eprobes() {
     append("dynamic_events", "-:eprobes/rd_count\n").unwrap();
     append("dynamic_events", "-:fprobes/rd\n").unwrap();
 }
+
+/// The newest `error_log` entry without its `[timestamp] ` prefix.
+fn last_error() -> String {
+    let log = read("error_log");
+    let start = log.rfind("\n[").map_or(0, |p| p + 1);
+    let entry = &log[start..];
+    entry
+        .split_once("] ")
+        .map_or(entry, |(_, rest)| rest)
+        .to_string()
+}
+
+/// The function names `available_filter_functions` lists for `object`, as listed.
+fn listed_in(object: &str) -> Vec<String> {
+    let suffix = format!(" [{object}]");
+    read("available_filter_functions")
+        .lines()
+        .filter_map(|l| l.strip_suffix(&suffix))
+        .map(String::from)
+        .collect()
+}
+
+// Issue 15 item 12: a listed name is a name `f` accepts, versioned libc symbols included.
+#[test]
+fn every_listed_libc_function_resolves() {
+    let _t = Scope::new("dyn-libc-names");
+    let names = listed_in("libc.so.6");
+    if names.len() < 100 {
+        eprintln!("skipped: libc lists only {} functions here", names.len());
+        return;
+    }
+    let inventory = ustrace_inspect::symbols::inventory();
+    for name in &names {
+        assert!(
+            !inventory.find(name).is_empty(),
+            "{name} is listed but not found"
+        );
+        // The version-less name of a listed versioned one resolves too.
+        let bare = name.split('@').next().unwrap();
+        assert!(
+            !inventory.find(bare).is_empty(),
+            "{bare} (listed as {name}) not found"
+        );
+    }
+    // Through `dynamic_events`: the three names of the issue and a sample of the rest.
+    // A function the patcher cannot handle is refused as one that cannot be registered,
+    // never as one that does not exist.
+    let mut sample: Vec<String> = ["clock_nanosleep", "realpath", "pthread_cond_wait"]
+        .map(String::from)
+        .to_vec();
+    sample.extend(names.iter().step_by(names.len() / 40).cloned());
+    let mut created = 0;
+    for (i, name) in sample.iter().enumerate() {
+        let _ = write("error_log", "");
+        match append("dynamic_events", &format!("f:libc/f{i} {name}\n")) {
+            Ok(()) => created += 1,
+            Err(e) => {
+                assert_eq!(e, Errno::EINVAL, "{name}");
+                let log = last_error();
+                assert!(
+                    log.starts_with("trace_fprobe: error: Failed to register probe event\n"),
+                    "{name}: {log}"
+                );
+            }
+        }
+    }
+    assert!(created > sample.len() / 2, "{created} of {}", sample.len());
+    let listing = read("dynamic_events");
+    for name in ["realpath", "pthread_cond_wait"] {
+        assert!(
+            listing.lines().any(|l| l.ends_with(&format!(" {name}"))),
+            "{name} not probed:\n{listing}"
+        );
+    }
+}
+
+// Issue 15 item 12: `name@VERSION` names one version, `name` the default one, as dlvsym
+// and dlsym resolve them.
+#[test]
+fn symbol_versions_select_the_definition() {
+    let t = Scope::new("dyn-versions");
+    let addr = |spec: &str| {
+        ustrace_inspect::symbols::inventory()
+            .find(spec)
+            .first()
+            .map(|s| s.addr)
+    };
+    // SAFETY: dlsym/dlvsym with NUL-terminated names only read the loader's tables.
+    let (new, old, default) = unsafe {
+        (
+            libc::dlvsym(
+                libc::RTLD_DEFAULT,
+                c"pthread_cond_wait".as_ptr(),
+                c"GLIBC_2.3.2".as_ptr(),
+            ) as usize,
+            libc::dlvsym(
+                libc::RTLD_DEFAULT,
+                c"pthread_cond_wait".as_ptr(),
+                c"GLIBC_2.2.5".as_ptr(),
+            ) as usize,
+            libc::dlsym(libc::RTLD_DEFAULT, c"pthread_cond_wait".as_ptr()) as usize,
+        )
+    };
+    if new == 0 || old == 0 || !listed_in("libc.so.6").iter().any(|n| n.contains('@')) {
+        eprintln!("skipped: this libc's symbol table has no pthread_cond_wait versions");
+        return;
+    }
+    assert_eq!(addr("pthread_cond_wait"), Some(default));
+    assert_eq!(addr("pthread_cond_wait@GLIBC_2.2.5"), Some(old));
+    assert_eq!(addr("pthread_cond_wait@GLIBC_2.3.2"), Some(new));
+    assert_eq!(addr("pthread_cond_wait@@GLIBC_2.3.2"), Some(new));
+    append("dynamic_events", "f:v/old pthread_cond_wait@GLIBC_2.2.5\n").unwrap();
+    append("dynamic_events", "f:v/new pthread_cond_wait@GLIBC_2.3.2\n").unwrap();
+    append("dynamic_events", "f:v/rp realpath@GLIBC_2.3\n").unwrap();
+    // `@@` is the default version only.
+    assert_eq!(
+        append("dynamic_events", "f:v/bad pthread_cond_wait@@GLIBC_2.2.5\n"),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        read("dynamic_events"),
+        "f:v/old pthread_cond_wait@GLIBC_2.2.5\n\
+         f:v/new pthread_cond_wait@GLIBC_2.3.2\n\
+         f:v/rp realpath@GLIBC_2.3\n"
+    );
+    // The probe sits on the definition the version names: a call of `realpath` (the
+    // default version, what this program links to) hits it.
+    write(&t.p("events/v/rp/enable"), "1\n").unwrap();
+    let mut buf = [0 as libc::c_char; libc::PATH_MAX as usize];
+    // SAFETY: a NUL-terminated path and a PATH_MAX buffer, as realpath(3) asks.
+    let resolved = unsafe { libc::realpath(c"/".as_ptr(), buf.as_mut_ptr()) };
+    assert!(!resolved.is_null());
+    let lines = t.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        text_of(&lines[0]).starts_with("rp: (realpath@@GLIBC_2.3+0x"),
+        "{}",
+        lines[0]
+    );
+}
+
+// Issue 15 item 12: a function that is not there is logged as the kernel (6.18,
+// trace_fprobe.c) logs it: "Invalid probed address or symbol" under the symbol, EINVAL.
+#[test]
+fn a_missing_function_is_logged_like_the_kernel() {
+    let _t = Scope::new("dyn-missing");
+    let _ = write("error_log", "");
+    for (command, caret) in [
+        ("f:test/x no_such_function_xyz", 9),
+        ("f no_such_function_xyz%return $retval", 2),
+        ("f:test/y realpath@GLIBC_9.9", 9),
+    ] {
+        assert_eq!(
+            append("dynamic_events", &format!("{command}\n")),
+            Err(Errno::EINVAL),
+            "{command}"
+        );
+        assert_eq!(
+            last_error(),
+            format!(
+                "trace_fprobe: error: Invalid probed address or symbol\n  Command: {command}\n{}^\n",
+                " ".repeat("  Command: ".len() + caret)
+            )
+        );
+    }
+    assert_eq!(read("dynamic_events"), "");
+    // The in-process builder reports the same entry.
+    let err = ustrace::dynevent_cmd::DynEventCmd::fprobe("gen_missing", "no_such_function_xyz")
+        .create()
+        .unwrap_err();
+    assert_eq!(err.errno, Errno::EINVAL);
+    assert!(
+        err.log
+            .as_deref()
+            .is_some_and(|l| l.contains("Invalid probed address or symbol")),
+        "{err:?}"
+    );
+}
