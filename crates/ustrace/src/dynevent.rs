@@ -440,11 +440,17 @@ impl EventClass for DynEvent {
             ProbeKind::Tracepoint => {
                 let tp = crate::tracepoint::find(&self.definition.target).ok_or(Errno::ENOENT)?;
                 let register = tp.info().register_raw.ok_or(Errno::EINVAL)?;
+                // The kernel records the address of the tracepoint's probe stub
+                // (`__probestub_NAME`), the function its tprobe hooks. Here the function
+                // that hands the tracepoint's arguments to raw probes plays that part:
+                // the tracepoint's own `register_raw`, which names the tracepoint.
+                let stub = register as usize as u64;
                 let id = register(
                     0,
                     Arc::new(move |words: &[u64]| {
                         let ctx = HitContext {
                             words,
+                            ip: stub,
                             ..HitContext::empty()
                         };
                         emit(&file, &program, &ctx);

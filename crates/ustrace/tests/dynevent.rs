@@ -609,3 +609,59 @@ fn a_missing_function_is_logged_like_the_kernel() {
         "{err:?}"
     );
 }
+
+// Issue 15 item 15: the listing of each kind, golden, as the kernel's show functions print
+// it (trace_fprobe.c trace_fprobe_show, trace_eprobe.c eprobe_dyn_event_show: an eprobe's
+// `if FILTER` is applied but never listed), and a tprobe's record names its probe stub
+// where it printed `(0x00000000)`.
+#[test]
+fn listings_and_tprobe_lines_match_the_kernel() {
+    let t = Scope::new("dyn-golden");
+    for def in [
+        "f:golden/rd vfs_read count=$arg3:u64",
+        "f:golden/rd_ret vfs_read%return ret=$retval:s64",
+        "t dyn_sched_switch preempt=$arg1 next_pid=+0($arg3):s32",
+        "t:golden/sw dyn_sched_switch",
+        "e:eprobes/high_prio dsched.waking pid=$pid:u32 comm=$comm:string if prio < 100",
+        "e:golden/any dsched.waking",
+    ] {
+        append("dynamic_events", &format!("{def}\n")).unwrap();
+    }
+    assert_eq!(
+        read("dynamic_events"),
+        "f:golden/rd vfs_read count=$arg3:u64\n\
+         f:golden/rd_ret vfs_read%return ret=$retval:s64\n\
+         t:tracepoints/dyn_sched_switch dyn_sched_switch preempt=$arg1 next_pid=+0($arg3):s32\n\
+         t:golden/sw dyn_sched_switch\n\
+         e:eprobes/high_prio dsched.waking pid=$pid:u32 comm=$comm:string\n\
+         e:golden/any dsched.waking\n"
+    );
+    // The unlisted filter still applies.
+    write(&t.p("events/eprobes/high_prio/enable"), "1\n").unwrap();
+    waking::trace("kworker", 12, 120);
+    waking::trace("rcu_preempt", 16, 98);
+    write(&t.p("events/eprobes/high_prio/enable"), "0\n").unwrap();
+    let lines = t.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        text_of(&lines[0]),
+        "high_prio: (dsched.waking) pid=16 comm=\"rcu_preempt\""
+    );
+    write(&t.p("trace"), "").unwrap();
+
+    // The kernel: `sched_switch: (__probestub_sched_switch+0x4/0x10) preempt=0 ...`. Here
+    // the tracepoint's raw-probe entry, `NAME::register_raw`, is the stub.
+    write(&t.p("events/tracepoints/dyn_sched_switch/enable"), "1\n").unwrap();
+    let (prev, next) = (Task { pid: 70, prio: 120 }, Task { pid: 16, prio: 98 });
+    dyn_sched_switch::trace(false, &prev, &next);
+    write(&t.p("events/tracepoints/dyn_sched_switch/enable"), "0\n").unwrap();
+    let lines = t.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let text = text_of(&lines[0]);
+    let stub = "dyn_sched_switch: (dynevent::dyn_sched_switch::register_raw+0x0/0x";
+    assert!(text.starts_with(stub), "{text}");
+    assert!(text.ends_with(") preempt=0x0 next_pid=16"), "{text}");
+    // The `ip` field holds the stub's address, for filters and raw readers.
+    let format = read("events/tracepoints/dyn_sched_switch/format");
+    assert!(format.contains("REC->__probe_ip"), "{format}");
+}
