@@ -376,6 +376,11 @@ impl EventClass for DynEvent {
         true
     }
     fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
+        // Fetches dereference pointers the probe did not check, made safe by the
+        // fault handler of `uaccess`. Another runtime may have replaced that handler
+        // since it was installed: reclaim it now, in front of the newcomer (checking
+        // per read would cost a syscall on the hit path).
+        ustrace_inspect::uaccess::install().map_err(|_| Errno::EIO)?;
         let program = self.program.clone();
         match self.definition.kind {
             ProbeKind::Fentry => {
