@@ -870,10 +870,7 @@ fn resolve_ifuncs(
         if f.binding == Binding::Local {
             continue; // not reachable through dlsym
         }
-        let Ok(cname) = CString::new(f.name) else {
-            continue;
-        };
-        let Some(target) = handle.sym(&cname) else {
+        let Some(target) = handle.sym_spec(f.name) else {
             continue;
         };
         let exact = own
@@ -924,6 +921,24 @@ impl DlHandle {
         // SAFETY: valid handle and NUL-terminated name; for an IFUNC dlsym
         // returns the resolver's choice, which is what callers reach.
         let p = unsafe { libc::dlsym(self.0, name.as_ptr()) };
+        (!p.is_null()).then_some(p as usize)
+    }
+
+    /// A symbol as a symbol table spells it: `name`, or a versioned `name@VERSION` /
+    /// `name@@VERSION` (glibc's `memcpy@@GLIBC_2.14` is an IFUNC), which dlsym does not
+    /// know but dlvsym does.
+    fn sym_spec(&self, spelled: &[u8]) -> Option<usize> {
+        let Some(at) = spelled.iter().position(|&b| b == b'@') else {
+            return self.sym(&CString::new(spelled).ok()?);
+        };
+        let name = CString::new(&spelled[..at]).ok()?;
+        let version = spelled[at + 1..]
+            .strip_prefix(b"@")
+            .unwrap_or(&spelled[at + 1..]);
+        let version = CString::new(version).ok()?;
+        // SAFETY: valid handle and NUL-terminated name and version; as for dlsym, an
+        // IFUNC gives the resolver's choice.
+        let p = unsafe { libc::dlvsym(self.0, name.as_ptr(), version.as_ptr()) };
         (!p.is_null()).then_some(p as usize)
     }
 }

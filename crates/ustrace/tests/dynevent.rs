@@ -542,6 +542,28 @@ fn symbol_versions_select_the_definition() {
     assert_eq!(addr("pthread_cond_wait@GLIBC_2.2.5"), Some(old));
     assert_eq!(addr("pthread_cond_wait@GLIBC_2.3.2"), Some(new));
     assert_eq!(addr("pthread_cond_wait@@GLIBC_2.3.2"), Some(new));
+    // An IFUNC with versions (memcpy@@GLIBC_2.14 next to memcpy@GLIBC_2.2.5): listed at
+    // the implementation its resolver chose, which is what the bare name means.
+    // SAFETY: as above.
+    // (ld.so has a `memcpy` of its own, which the bare name names too.)
+    let memcpy = unsafe {
+        libc::dlvsym(
+            libc::RTLD_DEFAULT,
+            c"memcpy".as_ptr(),
+            c"GLIBC_2.14".as_ptr(),
+        )
+    } as usize;
+    assert_ne!(memcpy, 0);
+    let found: Vec<String> = ustrace_inspect::symbols::inventory()
+        .find("memcpy")
+        .iter()
+        .filter(|s| s.object_name() == "libc.so.6")
+        .map(|s| format!("{} {:#x}", s.name, s.addr))
+        .collect();
+    assert_eq!(found, [format!("memcpy@@GLIBC_2.14 {memcpy:#x}")]);
+    assert!(listed_in("libc.so.6")
+        .iter()
+        .any(|n| n.starts_with("memcpy@@")));
     append("dynamic_events", "f:v/old pthread_cond_wait@GLIBC_2.2.5\n").unwrap();
     append("dynamic_events", "f:v/new pthread_cond_wait@GLIBC_2.3.2\n").unwrap();
     append("dynamic_events", "f:v/rp realpath@GLIBC_2.3\n").unwrap();
