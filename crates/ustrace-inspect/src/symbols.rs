@@ -11,7 +11,8 @@
 //!        │                      .symtab of /usr/lib/debug/.build-id/xx/rest.debug
 //!        ▼
 //!   STT_FUNC / STT_GNU_IFUNC with size > 0, runtime addr = st_value + bias,
-//!   names demangled (Rust without hash, C++), sorted by address
+//!   names demangled (Rust without hash, C++), `.dynsym` versions spelled out
+//!   (`name@@VERSION`, `name@VERSION`) as `.symtab` spells them, sorted by address
 //!        │
 //!        ▼
 //!   Inventory (immutable, shared through Arc) ── lookup / find / glob / %pS
@@ -695,11 +696,15 @@ pub fn debug_file_for_build_id(build_id: &[u8]) -> Option<String> {
 }
 
 struct RawFunc<'a> {
-    name: &'a [u8],
+    /// As the symbol table spells it; for `.dynsym`, with the version added the way a
+    /// `.symtab` spells versioned definitions (see `spell_versions`).
+    name: std::borrow::Cow<'a, [u8]>,
     value: u64,
     size: u64,
     binding: Binding,
     ifunc: bool,
+    /// Index in its symbol table.
+    index: usize,
 }
 
 fn elf_functions(data: &[u8], table: elf::SectionType) -> Result<Vec<RawFunc<'_>>, SymbolError> {
@@ -710,7 +715,7 @@ fn elf_functions(data: &[u8], table: elf::SectionType) -> Result<Vec<RawFunc<'_>
     let symbols = sections.symbols(endian, data, table).map_err(err)?;
     let strings = symbols.strings();
     let mut out = Vec::with_capacity(symbols.len() / 2);
-    for sym in symbols.iter() {
+    for (index, sym) in symbols.iter().enumerate() {
         let ty = sym.st_type();
         let ifunc = ty == elf::STT_GNU_IFUNC;
         if (ty != elf::STT_FUNC && !ifunc) || sym.is_undefined(endian) {
@@ -732,14 +737,58 @@ fn elf_functions(data: &[u8], table: elf::SectionType) -> Result<Vec<RawFunc<'_>
             _ => Binding::Global,
         };
         out.push(RawFunc {
-            name,
+            name: std::borrow::Cow::Borrowed(name),
             value: sym.st_value(endian),
             size,
             binding,
             ifunc,
+            index,
         });
     }
+    if table == elf::SHT_DYNSYM {
+        if let Ok(Some(versions)) = sections.versions(endian, data) {
+            spell_versions(&mut out, |index| {
+                let versym = versions.version_index(endian, object::SymbolIndex(index));
+                let version = versions.version(versym.index()).ok().flatten()?;
+                Some((version.name(), versym.is_hidden()))
+            });
+        }
+    }
     Ok(out)
+}
+
+/// Spells `.dynsym` definitions as a `.symtab` does: a `.dynsym` name carries no version,
+/// its version lives in `.gnu.version`, so a stripped glibc has two functions called
+/// `realpath`. A definition only old binaries can reach (a hidden version) becomes
+/// `name@VERSION`; the default one becomes `name@@VERSION` when the name has other
+/// versions, and stays `name` otherwise (as most of a `.symtab` reads). `version` gives a
+/// symbol index's version name and whether it is hidden.
+fn spell_versions<'a>(
+    funcs: &mut [RawFunc<'a>],
+    version: impl Fn(usize) -> Option<(&'a [u8], bool)>,
+) {
+    let versions: Vec<Option<(&[u8], bool)>> = funcs.iter().map(|f| version(f.index)).collect();
+    let mut per_name: HashMap<&[u8], usize> = HashMap::new();
+    for (f, v) in funcs.iter().zip(&versions) {
+        if v.is_some() {
+            *per_name.entry(&f.name[..]).or_default() += 1;
+        }
+    }
+    let several: Vec<bool> = funcs
+        .iter()
+        .map(|f| per_name.get(&f.name[..]).is_some_and(|&n| n > 1))
+        .collect();
+    for ((f, v), several) in funcs.iter_mut().zip(versions).zip(several) {
+        let Some((ver, hidden)) = v else {
+            continue;
+        };
+        let sep: &[u8] = match (hidden, several) {
+            (true, _) => b"@",
+            (false, true) => b"@@",
+            (false, false) => continue,
+        };
+        f.name = std::borrow::Cow::Owned([&f.name[..], sep, ver].concat());
+    }
 }
 
 fn read_object_functions(obj: &mut LoadedObject, out: &mut Vec<Symbol>) -> Result<(), SymbolError> {
@@ -786,9 +835,9 @@ fn read_object_functions(obj: &mut LoadedObject, out: &mut Vec<Symbol>) -> Resul
             continue;
         }
         let (mangled, name) = names
-            .entry(f.name)
+            .entry(&f.name[..])
             .or_insert_with(|| {
-                let m = String::from_utf8_lossy(f.name).into_owned();
+                let m = String::from_utf8_lossy(&f.name).into_owned();
                 let d = demangle(&m);
                 (m, d)
             })
@@ -836,7 +885,7 @@ fn read_vdso_functions(obj: &LoadedObject, out: &mut Vec<Symbol>) -> Result<(), 
         raw = elf_functions(&image, elf::SHT_DYNSYM)?;
     }
     for f in raw.iter().filter(|f| !f.ifunc) {
-        let mangled = String::from_utf8_lossy(f.name).into_owned();
+        let mangled = String::from_utf8_lossy(&f.name).into_owned();
         out.push(Symbol {
             name: demangle(&mangled),
             mangled,
@@ -870,7 +919,7 @@ fn resolve_ifuncs(
         if f.binding == Binding::Local {
             continue; // not reachable through dlsym
         }
-        let Some(target) = handle.sym_spec(f.name) else {
+        let Some(target) = handle.sym_spec(&f.name) else {
             continue;
         };
         let exact = own
@@ -888,7 +937,7 @@ fn resolve_ifuncs(
         let Some(size) = size.filter(|&s| s > 0) else {
             continue;
         };
-        let mangled = String::from_utf8_lossy(f.name).into_owned();
+        let mangled = String::from_utf8_lossy(&f.name).into_owned();
         out.push(Symbol {
             name: demangle(&mangled),
             mangled,

@@ -687,3 +687,73 @@ fn listings_and_tprobe_lines_match_the_kernel() {
     let format = read("events/tracepoints/dyn_sched_switch/format");
     assert!(format.contains("REC->__probe_ip"), "{format}");
 }
+
+// Issue 15 item 12, without debug files: a stripped library's `.dynsym` names carry no
+// version (it is in `.gnu.version`), so both versions of a function were one name. They are
+// spelled as a `.symtab` spells them, so `name@VERSION` works there too.
+#[test]
+fn versions_of_a_stripped_library_are_spelled_out() {
+    let _t = Scope::new("dyn-stripped-versions");
+    let dir = std::env::temp_dir().join(format!("ustrace-dynver-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, map, lib) = (
+        dir.join("v.c"),
+        dir.join("v.map"),
+        dir.join("libustrace_dynver.so"),
+    );
+    std::fs::write(
+        &src,
+        "int vfn_old(int x) { return x + 1; }\n\
+         int vfn_new(int x) { return x * 3 + 2; }\n\
+         __asm__(\".symver vfn_old,ustrace_vfn@V1\");\n\
+         __asm__(\".symver vfn_new,ustrace_vfn@@V2\");\n\
+         int ustrace_vplain(int x) { return x; }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &map,
+        "V1 { global: ustrace_vfn; ustrace_vplain; local: *; };\nV2 { global: ustrace_vfn; } V1;\n",
+    )
+    .unwrap();
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O0", "-s"])
+        .arg(format!("-Wl,--version-script={}", map.display()))
+        .arg("-o")
+        .arg(&lib)
+        .arg(&src)
+        .status();
+    if !status.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: cannot build a shared library with cc");
+        return;
+    }
+    let path = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
+    // SAFETY: loading a library just built from the source above (no constructors).
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+    assert!(!handle.is_null());
+    // SAFETY: valid handle, NUL-terminated names.
+    let (v1, v2) = unsafe {
+        (
+            libc::dlvsym(handle, c"ustrace_vfn".as_ptr(), c"V1".as_ptr()) as usize,
+            libc::dlvsym(handle, c"ustrace_vfn".as_ptr(), c"V2".as_ptr()) as usize,
+        )
+    };
+    assert!(v1 != 0 && v2 != 0 && v1 != v2);
+    let listed = listed_in("libustrace_dynver.so");
+    let mut sorted = listed.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        ["ustrace_vfn@@V2", "ustrace_vfn@V1", "ustrace_vplain"],
+        "{listed:?}"
+    );
+    let inventory = ustrace_inspect::symbols::inventory();
+    let addrs =
+        |spec: &str| -> Vec<usize> { inventory.find(spec).iter().map(|s| s.addr).collect() };
+    assert_eq!(addrs("ustrace_vfn"), [v2]);
+    assert_eq!(addrs("ustrace_vfn@V1"), [v1]);
+    assert_eq!(addrs("ustrace_vfn@V2"), [v2]);
+    append("dynamic_events", "f:ver/old ustrace_vfn@V1\n").unwrap();
+    append("dynamic_events", "f:ver/new ustrace_vfn\n").unwrap();
+    let _ = write("dynamic_events", "");
+    let _ = std::fs::remove_dir_all(&dir);
+}
