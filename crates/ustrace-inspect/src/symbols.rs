@@ -11,7 +11,8 @@
 //!        │                      .symtab of /usr/lib/debug/.build-id/xx/rest.debug
 //!        ▼
 //!   STT_FUNC / STT_GNU_IFUNC with size > 0, runtime addr = st_value + bias,
-//!   names demangled (Rust without hash, C++), sorted by address
+//!   names demangled (Rust without hash, C++), `.dynsym` versions spelled out
+//!   (`name@@VERSION`, `name@VERSION`) as `.symtab` spells them, sorted by address
 //!        │
 //!        ▼
 //!   Inventory (immutable, shared through Arc) ── lookup / find / glob / %pS
@@ -176,9 +177,76 @@ impl Inventory {
         None
     }
 
-    /// Every function whose demangled or mangled name equals `name`.
+    /// Every function `name` names, preferred first.
+    ///
+    /// A symbol table spells a versioned definition `name@@VERSION` (the default version,
+    /// what new links and `dlsym` get) or `name@VERSION` (kept for old binaries); glibc has
+    /// both for `pthread_cond_wait`, `realpath`, `clock_nanosleep`. So `name` is a symbol
+    /// spec, as `dlsym`/`dlvsym` read one:
+    ///
+    /// * `name` (no `@`): the definitions spelled exactly so and the default version
+    ///   `name@@VERSION`, as the linker and `dlsym` resolve `name`; when there are neither,
+    ///   the other versions (a name kept only for old binaries is still that name).
+    /// * `name@VERSION`: that version, whether or not it is the default one.
+    /// * `name@@VERSION`: that version only if it is the default.
+    ///
+    /// A name with its version, as `available_filter_functions` lists it, is found by the
+    /// exact rule. Exact matches come first, then by address.
     pub fn find(&self, name: &str) -> Vec<&Symbol> {
-        let mut out: Vec<&Symbol> = Vec::new();
+        fn add<'s>(rank: u8, s: &'s Symbol, out: &mut Vec<(u8, &'s Symbol)>) {
+            match out.iter_mut().find(|(_, o)| std::ptr::eq(*o, s)) {
+                Some(seen) => seen.0 = seen.0.min(rank),
+                None => out.push((rank, s)),
+            }
+        }
+        let mut out: Vec<(u8, &Symbol)> = Vec::new();
+        for s in self.with_name(name) {
+            add(0, s, &mut out);
+        }
+        match name.split_once('@') {
+            None => {
+                // Every `name@...`: the names sort right after `name@`, contiguously.
+                let prefix = format!("{name}@");
+                let versions = self.with_prefix(&prefix);
+                let is_default = |s: &Symbol| {
+                    [&s.name, &s.mangled]
+                        .iter()
+                        .any(|n| n.len() > prefix.len() && n[prefix.len()..].starts_with('@'))
+                };
+                for s in versions.iter().filter(|s| is_default(s)) {
+                    add(1, s, &mut out);
+                }
+                if out.is_empty() {
+                    for s in versions {
+                        add(2, s, &mut out);
+                    }
+                }
+            }
+            Some((base, version)) if !version.starts_with('@') && !base.is_empty() => {
+                // `name@VERSION` also names the default definition `name@@VERSION`.
+                for s in self.with_name(&format!("{base}@@{version}")) {
+                    add(1, s, &mut out);
+                }
+            }
+            Some(_) => {}
+        }
+        out.sort_by_key(|(rank, s)| (*rank, s.addr));
+        out.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// Functions whose demangled or mangled name is exactly `name`.
+    fn with_name(&self, name: &str) -> Vec<&Symbol> {
+        self.name_range(name, |key| key == name)
+    }
+
+    /// Functions whose demangled or mangled name starts with `prefix`.
+    fn with_prefix(&self, prefix: &str) -> Vec<&Symbol> {
+        self.name_range(prefix, |key| key.starts_with(prefix))
+    }
+
+    /// Both name indexes from the first key `>= start` for as long as `take` holds.
+    fn name_range(&self, start: &str, take: impl Fn(&str) -> bool) -> Vec<&Symbol> {
+        let mut out = Vec::new();
         for (index, key) in [
             (
                 &self.by_name,
@@ -186,18 +254,14 @@ impl Inventory {
             ),
             (&self.by_mangled, |s: &Symbol| s.mangled.as_str()),
         ] {
-            let first = index.partition_point(|&i| key(&self.functions[i as usize]) < name);
-            for &i in &index[first..] {
-                let s = &self.functions[i as usize];
-                if key(s) != name {
-                    break;
-                }
-                if !out.iter().any(|o| std::ptr::eq(*o, s)) {
-                    out.push(s);
-                }
-            }
+            let first = index.partition_point(|&i| key(&self.functions[i as usize]) < start);
+            out.extend(
+                index[first..]
+                    .iter()
+                    .map(|&i| &self.functions[i as usize])
+                    .take_while(|s| take(key(s))),
+            );
         }
-        out.sort_by_key(|s| s.addr);
         out
     }
 
@@ -632,11 +696,15 @@ pub fn debug_file_for_build_id(build_id: &[u8]) -> Option<String> {
 }
 
 struct RawFunc<'a> {
-    name: &'a [u8],
+    /// As the symbol table spells it; for `.dynsym`, with the version added the way a
+    /// `.symtab` spells versioned definitions (see `spell_versions`).
+    name: std::borrow::Cow<'a, [u8]>,
     value: u64,
     size: u64,
     binding: Binding,
     ifunc: bool,
+    /// Index in its symbol table.
+    index: usize,
 }
 
 fn elf_functions(data: &[u8], table: elf::SectionType) -> Result<Vec<RawFunc<'_>>, SymbolError> {
@@ -647,7 +715,7 @@ fn elf_functions(data: &[u8], table: elf::SectionType) -> Result<Vec<RawFunc<'_>
     let symbols = sections.symbols(endian, data, table).map_err(err)?;
     let strings = symbols.strings();
     let mut out = Vec::with_capacity(symbols.len() / 2);
-    for sym in symbols.iter() {
+    for (index, sym) in symbols.iter().enumerate() {
         let ty = sym.st_type();
         let ifunc = ty == elf::STT_GNU_IFUNC;
         if (ty != elf::STT_FUNC && !ifunc) || sym.is_undefined(endian) {
@@ -669,14 +737,58 @@ fn elf_functions(data: &[u8], table: elf::SectionType) -> Result<Vec<RawFunc<'_>
             _ => Binding::Global,
         };
         out.push(RawFunc {
-            name,
+            name: std::borrow::Cow::Borrowed(name),
             value: sym.st_value(endian),
             size,
             binding,
             ifunc,
+            index,
         });
     }
+    if table == elf::SHT_DYNSYM {
+        if let Ok(Some(versions)) = sections.versions(endian, data) {
+            spell_versions(&mut out, |index| {
+                let versym = versions.version_index(endian, object::SymbolIndex(index));
+                let version = versions.version(versym.index()).ok().flatten()?;
+                Some((version.name(), versym.is_hidden()))
+            });
+        }
+    }
     Ok(out)
+}
+
+/// Spells `.dynsym` definitions as a `.symtab` does: a `.dynsym` name carries no version,
+/// its version lives in `.gnu.version`, so a stripped glibc has two functions called
+/// `realpath`. A definition only old binaries can reach (a hidden version) becomes
+/// `name@VERSION`; the default one becomes `name@@VERSION` when the name has other
+/// versions, and stays `name` otherwise (as most of a `.symtab` reads). `version` gives a
+/// symbol index's version name and whether it is hidden.
+fn spell_versions<'a>(
+    funcs: &mut [RawFunc<'a>],
+    version: impl Fn(usize) -> Option<(&'a [u8], bool)>,
+) {
+    let versions: Vec<Option<(&[u8], bool)>> = funcs.iter().map(|f| version(f.index)).collect();
+    let mut per_name: HashMap<&[u8], usize> = HashMap::new();
+    for (f, v) in funcs.iter().zip(&versions) {
+        if v.is_some() {
+            *per_name.entry(&f.name[..]).or_default() += 1;
+        }
+    }
+    let several: Vec<bool> = funcs
+        .iter()
+        .map(|f| per_name.get(&f.name[..]).is_some_and(|&n| n > 1))
+        .collect();
+    for ((f, v), several) in funcs.iter_mut().zip(versions).zip(several) {
+        let Some((ver, hidden)) = v else {
+            continue;
+        };
+        let sep: &[u8] = match (hidden, several) {
+            (true, _) => b"@",
+            (false, true) => b"@@",
+            (false, false) => continue,
+        };
+        f.name = std::borrow::Cow::Owned([&f.name[..], sep, ver].concat());
+    }
 }
 
 fn read_object_functions(obj: &mut LoadedObject, out: &mut Vec<Symbol>) -> Result<(), SymbolError> {
@@ -723,9 +835,9 @@ fn read_object_functions(obj: &mut LoadedObject, out: &mut Vec<Symbol>) -> Resul
             continue;
         }
         let (mangled, name) = names
-            .entry(f.name)
+            .entry(&f.name[..])
             .or_insert_with(|| {
-                let m = String::from_utf8_lossy(f.name).into_owned();
+                let m = String::from_utf8_lossy(&f.name).into_owned();
                 let d = demangle(&m);
                 (m, d)
             })
@@ -773,7 +885,7 @@ fn read_vdso_functions(obj: &LoadedObject, out: &mut Vec<Symbol>) -> Result<(), 
         raw = elf_functions(&image, elf::SHT_DYNSYM)?;
     }
     for f in raw.iter().filter(|f| !f.ifunc) {
-        let mangled = String::from_utf8_lossy(f.name).into_owned();
+        let mangled = String::from_utf8_lossy(&f.name).into_owned();
         out.push(Symbol {
             name: demangle(&mangled),
             mangled,
@@ -807,10 +919,7 @@ fn resolve_ifuncs(
         if f.binding == Binding::Local {
             continue; // not reachable through dlsym
         }
-        let Ok(cname) = CString::new(f.name) else {
-            continue;
-        };
-        let Some(target) = handle.sym(&cname) else {
+        let Some(target) = handle.sym_spec(&f.name) else {
             continue;
         };
         let exact = own
@@ -828,7 +937,7 @@ fn resolve_ifuncs(
         let Some(size) = size.filter(|&s| s > 0) else {
             continue;
         };
-        let mangled = String::from_utf8_lossy(f.name).into_owned();
+        let mangled = String::from_utf8_lossy(&f.name).into_owned();
         out.push(Symbol {
             name: demangle(&mangled),
             mangled,
@@ -861,6 +970,24 @@ impl DlHandle {
         // SAFETY: valid handle and NUL-terminated name; for an IFUNC dlsym
         // returns the resolver's choice, which is what callers reach.
         let p = unsafe { libc::dlsym(self.0, name.as_ptr()) };
+        (!p.is_null()).then_some(p as usize)
+    }
+
+    /// A symbol as a symbol table spells it: `name`, or a versioned `name@VERSION` /
+    /// `name@@VERSION` (glibc's `memcpy@@GLIBC_2.14` is an IFUNC), which dlsym does not
+    /// know but dlvsym does.
+    fn sym_spec(&self, spelled: &[u8]) -> Option<usize> {
+        let Some(at) = spelled.iter().position(|&b| b == b'@') else {
+            return self.sym(&CString::new(spelled).ok()?);
+        };
+        let name = CString::new(&spelled[..at]).ok()?;
+        let version = spelled[at + 1..]
+            .strip_prefix(b"@")
+            .unwrap_or(&spelled[at + 1..]);
+        let version = CString::new(version).ok()?;
+        // SAFETY: valid handle and NUL-terminated name and version; as for dlsym, an
+        // IFUNC gives the resolver's choice.
+        let p = unsafe { libc::dlvsym(self.0, name.as_ptr(), version.as_ptr()) };
         (!p.is_null()).then_some(p as usize)
     }
 }
@@ -1008,6 +1135,57 @@ mod tests {
         s.clear();
         inv.write_ip_sym(&mut s, 0, SymFlags::default());
         assert_eq!(s, "0");
+    }
+
+    fn versioned() -> Inventory {
+        let lib: Arc<str> = Arc::from("/lib/libc.so.6");
+        let mut functions = vec![
+            sym("cond_wait@GLIBC_2.2.5", 0x1000, 0x10, &lib),
+            sym("cond_wait@@GLIBC_2.3.2", 0x2000, 0x10, &lib),
+            sym("nanosleep@GLIBC_2.2.5", 0x3000, 0x10, &lib),
+            sym("nanosleep@@GLIBC_2.17", 0x3000, 0x10, &lib),
+            sym("cond_wait_x", 0x4000, 0x10, &lib),
+            sym("plain", 0x5000, 0x10, &lib),
+            sym("compat_only@GLIBC_2.2.5", 0x6000, 0x10, &lib),
+            sym("compat_only@GLIBC_2.3", 0x7000, 0x10, &lib),
+        ];
+        sort_and_dedup(&mut functions);
+        let by_name = sorted_index(&functions, |s| &s.name);
+        let by_mangled = sorted_index(&functions, |s| &s.mangled);
+        Inventory {
+            functions,
+            objects: Vec::new(),
+            by_name,
+            by_mangled,
+            generation: (0, 0),
+        }
+    }
+
+    #[test]
+    fn find_reads_symbol_versions() {
+        let inv = versioned();
+        let addrs = |spec: &str| -> Vec<usize> { inv.find(spec).iter().map(|s| s.addr).collect() };
+        // A bare name: the default version, as dlsym resolves it; not `cond_wait_x`.
+        assert_eq!(addrs("cond_wait"), [0x2000]);
+        assert_eq!(
+            inv.find("nanosleep")
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>(),
+            ["nanosleep@@GLIBC_2.17"]
+        );
+        // Only old versions: still found by the bare name.
+        assert_eq!(addrs("compat_only"), [0x6000, 0x7000]);
+        // Names as listed, and `name@VERSION` for a default version.
+        assert_eq!(addrs("cond_wait@@GLIBC_2.3.2"), [0x2000]);
+        assert_eq!(addrs("cond_wait@GLIBC_2.2.5"), [0x1000]);
+        assert_eq!(addrs("cond_wait@GLIBC_2.3.2"), [0x2000]);
+        // `@@` names the default version only.
+        assert!(inv.find("cond_wait@@GLIBC_2.2.5").is_empty());
+        assert!(inv.find("cond_wait@GLIBC_9").is_empty());
+        assert!(inv.find("cond_wai").is_empty());
+        assert!(inv.find("@GLIBC_2.2.5").is_empty());
+        assert_eq!(addrs("plain"), [0x5000]);
     }
 
     #[test]

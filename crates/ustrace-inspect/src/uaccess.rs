@@ -26,13 +26,30 @@
 //! position (so it needs no relocation in a position-independent binary):
 //! the address of an instruction that may fault and the address to resume at.
 //!
-//! Caveats: a handler installed for SIGSEGV/SIGBUS *after* ours replaces it
-//! (then faulting reads crash; call [`install`] again after such code, it
-//! re-installs when it finds itself displaced); a read done while SIGSEGV is
-//! blocked (e.g. from inside another SIGSEGV handler) that faults kills the
-//! process, as the kernel cannot deliver a blocked synchronous signal.
+//! # When another handler replaces ours
+//!
+//! A handler installed for SIGSEGV/SIGBUS *after* ours replaces it, and then a faulting
+//! read would reach that handler instead of its fixup (and usually kill the process).
+//! Checking on every read would cost a syscall, so the check is made where fault-prone
+//! reads are set up instead: [`install`] asks the kernel for the current handlers
+//! (`sigaction` with no new action) and, when ours was displaced, puts it back *in front
+//! of* the newcomer, which it then chains to for every fault that is not ours (we
+//! re-install and chain; we do not refuse the fetch). ustrace calls it each time a
+//! dynamic event's probe is attached (an event being enabled: its fetches may
+//! dereference anything); a program that installs handlers later may call it itself.
+//! Between a displacement and the next [`install`], a faulting read is not safe (and
+//! neither are the reads of string filters and stack capture, which use the same
+//! handler).
+//!
+//! Chaining stays sound when the newcomer itself chains back to us (as runtimes that
+//! save the previous handler do): every handler we displaced is remembered, oldest
+//! first, and a fault that comes back to us through such a chain is passed to the one
+//! displaced before, down to the default action — no loop.
+//!
+//! A read done while SIGSEGV is blocked (e.g. from inside another SIGSEGV handler) that
+//! faults kills the process, as the kernel cannot deliver a blocked synchronous signal.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// A read touched memory that is not readable.
@@ -255,14 +272,30 @@ fn search_extable(rip: usize) -> Option<usize> {
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 static INSTALL_LOCK: Mutex<()> = Mutex::new(());
 
-/// The handlers that were in place before ours, indexed like `SIGNALS`.
-struct PrevActions(std::cell::UnsafeCell<[libc::sigaction; 2]>);
-// SAFETY: written only under INSTALL_LOCK before our handler is registered
-// for that signal; afterwards only read (by the signal handler).
+/// How many displaced handlers are remembered per signal; one more displacement than
+/// this forgets the newest but one (the first, the program's own, is always kept).
+const GENERATIONS: usize = 8;
+
+/// The handlers ours displaced, per signal (indexed like `SIGNALS`), oldest first: the
+/// one in place at the first [`install`], then each that replaced ours later.
+struct PrevActions(std::cell::UnsafeCell<[[libc::sigaction; GENERATIONS]; 2]>);
+// SAFETY: an entry is written only under INSTALL_LOCK while ours is not the installed
+// handler for that signal, and published by the Release store of PREV_COUNT that comes
+// before ours is installed again; the signal handler reads entries below PREV_COUNT
+// (Acquire). The one overwritten entry (the last, when all are used) is never below a
+// count the handler can be using at that moment, as ours is not installed then.
 unsafe impl Sync for PrevActions {}
 // SAFETY: an all-zero sigaction is SIG_DFL with an empty mask.
 static PREV: PrevActions = PrevActions(std::cell::UnsafeCell::new(unsafe { std::mem::zeroed() }));
+/// How many entries of `PREV` are valid, per signal.
+static PREV_COUNT: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
 const SIGNALS: [libc::c_int; 2] = [libc::SIGSEGV, libc::SIGBUS];
+
+/// Faults being passed down the chain of displaced handlers: one slot per level, holding
+/// the fault's `ucontext` address (0 = free). A handler that chains back to ours passes
+/// the same context, so the number of slots holding it is how deep this fault already
+/// went. Plain atomics: usable in a signal handler.
+static CHAINING: [AtomicUsize; 32] = [const { AtomicUsize::new(0) }; 32];
 
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo and ucontext for SA_SIGINFO
@@ -279,31 +312,39 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     }
 }
 
-/// Hands a fault we do not own to whoever handled it before us.
+/// Hands a fault we do not own to the newest handler we displaced that has not seen it
+/// yet (see the module docs), or to the default action.
 ///
 /// # Safety
 /// Only from `on_fault`, with the kernel-provided arguments.
 unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let idx = if sig == libc::SIGBUS { 1 } else { 0 };
-    // SAFETY: PREV is fully written before our handler was registered.
-    let prev = unsafe { &(*PREV.0.get())[idx] };
+    let key = ctx as usize;
+    let depth = CHAINING
+        .iter()
+        .filter(|s| s.load(Ordering::Relaxed) == key)
+        .count();
+    let count = PREV_COUNT[idx].load(Ordering::Acquire);
+    let Some(level) = count.checked_sub(depth + 1) else {
+        // SAFETY: as documented for this function.
+        unsafe { default_action(sig, info) };
+        return;
+    };
+    // SAFETY: entries below PREV_COUNT are written before they are published and not
+    // written again while ours is installed (see PrevActions).
+    let prev = unsafe { (*PREV.0.get())[idx][level] };
     let handler = prev.sa_sigaction;
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // Restore the default action; returning re-executes the faulting
-        // instruction, which now kills the process as if we were never here.
-        // A signal sent by kill() (si_code <= 0) does not recur, so re-raise it;
-        // it stays pending until this handler returns.
-        // SAFETY: sigaction and raise are async-signal-safe.
-        unsafe {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            if (*info).si_code <= 0 {
-                libc::raise(sig);
-            }
-        }
+        // SAFETY: as documented for this function.
+        unsafe { default_action(sig, info) };
         return;
     }
+    // Mark this level taken for the time the handler runs; if no slot is free the guard
+    // is skipped (a chain back to us would then start from the newest handler again).
+    let slot = CHAINING.iter().find(|s| {
+        s.compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    });
     if prev.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the previous owner registered this as an SA_SIGINFO handler.
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
@@ -313,6 +354,27 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
         // SAFETY: the previous owner registered this as a plain handler.
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
         f(sig);
+    }
+    if let Some(slot) = slot {
+        slot.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Restores the default action; returning re-executes the faulting instruction, which now
+/// kills the process as if we were never here. A signal sent by kill() (si_code <= 0) does
+/// not recur, so it is raised again; it stays pending until this handler returns.
+///
+/// # Safety
+/// Only from the signal handler, with the kernel-provided `info`.
+unsafe fn default_action(sig: libc::c_int, info: *mut libc::siginfo_t) {
+    // SAFETY: sigaction and raise are async-signal-safe; info is valid.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        if (*info).si_code <= 0 {
+            libc::raise(sig);
+        }
     }
 }
 
@@ -326,13 +388,17 @@ fn our_action() -> libc::sigaction {
     sa
 }
 
-/// Installs the SIGSEGV/SIGBUS handler that makes reads fault-safe.
+/// Installs the SIGSEGV/SIGBUS handler that makes reads fault-safe, or checks that it is
+/// still the installed one.
 ///
-/// Idempotent; called lazily by the first read. If another handler replaced
-/// ours since, installs ours again in front of it (chaining to it).
-pub fn install() -> std::io::Result<()> {
+/// Idempotent and cheap enough for control paths (two `sigaction` queries); called lazily
+/// by the first read, and by ustrace each time a probe whose fetches may fault is
+/// attached. If another handler replaced ours since, installs ours again in front of it,
+/// chaining to it (see the module docs). Returns how many signals it had to reclaim.
+pub fn install() -> std::io::Result<usize> {
     let _guard = INSTALL_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let ours = our_action();
+    let mut reclaimed = 0;
     for (i, &sig) in SIGNALS.iter().enumerate() {
         // SAFETY: querying the current action into a local.
         let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -343,16 +409,22 @@ pub fn install() -> std::io::Result<()> {
         if cur.sa_sigaction == ours.sa_sigaction {
             continue;
         }
-        // SAFETY: our handler is not registered for `sig` at this moment, so
-        // nothing reads PREV[i] concurrently; the lock excludes other writers.
-        unsafe { (*PREV.0.get())[i] = cur };
+        let count = PREV_COUNT[i].load(Ordering::Relaxed);
+        let at = count.min(GENERATIONS - 1);
+        // SAFETY: our handler is not registered for `sig` at this moment, so nothing
+        // reads PREV[i] concurrently; the lock excludes other writers.
+        unsafe { (*PREV.0.get())[i][at] = cur };
+        PREV_COUNT[i].store(at + 1, Ordering::Release);
         // SAFETY: registering a valid action.
         if unsafe { libc::sigaction(sig, &ours, std::ptr::null_mut()) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
+        if count > 0 {
+            reclaimed += 1;
+        }
     }
     INSTALLED.store(true, Ordering::Release);
-    Ok(())
+    Ok(reclaimed)
 }
 
 #[inline]

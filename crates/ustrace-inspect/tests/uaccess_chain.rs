@@ -107,3 +107,58 @@ fn handler_installed_later_is_displaced_by_reinstall() {
     assert!(libc::WIFEXITED(status), "status {status:#x}");
     assert_eq!(libc::WEXITSTATUS(status), 42);
 }
+
+/// A runtime's handler that keeps the handler it replaced and passes it every fault.
+static SAVED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+extern "C" fn chaining_handler(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
+    let prev = SAVED.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: SAVED holds the SA_SIGINFO handler this one replaced (ours).
+    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+        unsafe { std::mem::transmute(prev) };
+    f(sig, info, ctx);
+}
+
+#[test]
+fn reinstalled_in_front_of_a_chaining_runtime_does_not_loop() {
+    let status = in_child(|| {
+        // SAFETY: installing handlers in the child.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = earlier_handler as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
+        }
+        if uaccess::install().unwrap() != 0 {
+            return 3;
+        }
+        // A runtime starts later, saves ours and chains to it...
+        // SAFETY: installing a handler in the child, after saving the current one.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGSEGV, std::ptr::null(), &mut old);
+            SAVED.store(old.sa_sigaction, std::sync::atomic::Ordering::Relaxed);
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = chaining_handler as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
+        }
+        // ...our next check finds it and goes back in front.
+        if uaccess::install().unwrap() != 1 {
+            return 4;
+        }
+        if uaccess::read_u64(0x10).is_ok() {
+            return 1;
+        }
+        // The program's own crash goes ours -> runtime -> ours again -> the handler that
+        // was there first; not round and round.
+        crash_at_0x18();
+        2
+    });
+    assert!(libc::WIFEXITED(status), "status {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 42);
+}

@@ -9,6 +9,12 @@
 //!  -:[GRP/][EVENT] [MATCH...]                               removal
 //! ```
 //!
+//! `SYM` is a symbol spec: a function name as `available_filter_functions` lists it, or a
+//! bare name (its default version, as `dlsym` resolves it), or `name@VERSION` for one
+//! version of a versioned library function (`pthread_cond_wait@GLIBC_2.2.5`). The tracefs
+//! resolves it when the event is defined; a name that resolves to nothing is the kernel's
+//! "Invalid probed address or symbol" (EINVAL).
+//!
 //! Default event names: `SYM__entry` / `SYM__exit` for fprobes, the
 //! tracepoint name for tprobes (`_` prefixed when it starts with a digit),
 //! the attached event's name for eprobes. **Rust paths**: every character of

@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex};
 use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
 use ustrace_fprobe::{EntryAction, Fprobe, PtRegs};
 use ustrace_probe::{
-    parse_command, DynCommand, FetchContext, FieldSpec, ProbeDefinition, ProbeEnv, ProbeKind,
-    Program,
+    parse_command, DynCommand, Errno as ProbeErrno, ErrorId, FetchContext, FieldSpec,
+    ProbeDefinition, ProbeEnv, ProbeKind, Program,
 };
 
 use crate::event::{registry, Attachment, EventClass, EventId, FieldDesc, FieldKind};
@@ -376,6 +376,11 @@ impl EventClass for DynEvent {
         true
     }
     fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
+        // Fetches dereference pointers the probe did not check, made safe by the
+        // fault handler of `uaccess`. Another runtime may have replaced that handler
+        // since it was installed: reclaim it now, in front of the newcomer (checking
+        // per read would cost a syscall on the hit path).
+        ustrace_inspect::uaccess::install().map_err(|_| Errno::EIO)?;
         let program = self.program.clone();
         match self.definition.kind {
             ProbeKind::Fentry => {
@@ -389,7 +394,7 @@ impl EventClass for DynEvent {
                         emit(&file, &program, &ctx);
                         EntryAction::Continue
                     })
-                    .register_syms(&[self.definition.target.as_str()])
+                    .register_ips(&fprobe_targets(&self.definition.target)?)
                     .map_err(fprobe_errno)?;
                 Ok(Box::new(Attached::Fprobe(Some(fp))))
             }
@@ -433,18 +438,24 @@ impl EventClass for DynEvent {
                         };
                         emit(&file, &program, &ctx);
                     })
-                    .register_syms(&[self.definition.target.as_str()])
+                    .register_ips(&fprobe_targets(&self.definition.target)?)
                     .map_err(fprobe_errno)?;
                 Ok(Box::new(Attached::Fprobe(Some(fp))))
             }
             ProbeKind::Tracepoint => {
                 let tp = crate::tracepoint::find(&self.definition.target).ok_or(Errno::ENOENT)?;
                 let register = tp.info().register_raw.ok_or(Errno::EINVAL)?;
+                // The kernel records the address of the tracepoint's probe stub
+                // (`__probestub_NAME`), the function its tprobe hooks. Here the function
+                // that hands the tracepoint's arguments to raw probes plays that part:
+                // the tracepoint's own `register_raw`, which names the tracepoint.
+                let stub = register as usize as u64;
                 let id = register(
                     0,
                     Arc::new(move |words: &[u64]| {
                         let ctx = HitContext {
                             words,
+                            ip: stub,
                             ..HitContext::empty()
                         };
                         emit(&file, &program, &ctx);
@@ -479,6 +490,22 @@ impl EventClass for DynEvent {
     }
 }
 
+/// The entry addresses an `f` probe on `spec` patches: every definition the symbol spec
+/// names (`name`, `name@VERSION`, `name@@VERSION`; see `Inventory::find`), one per address.
+fn fprobe_targets(spec: &str) -> Result<Vec<usize>, Errno> {
+    let inventory = ustrace_inspect::symbols::inventory();
+    let mut addrs: Vec<usize> = Vec::new();
+    for symbol in inventory.find(spec) {
+        if !addrs.contains(&symbol.addr) {
+            addrs.push(symbol.addr);
+        }
+    }
+    if addrs.is_empty() {
+        return Err(Errno::ENOENT);
+    }
+    Ok(addrs)
+}
+
 fn fprobe_errno(e: ustrace_fprobe::Error) -> Errno {
     match e {
         ustrace_fprobe::Error::NoMatch(_) => Errno::ENOENT,
@@ -509,29 +536,54 @@ fn in_use(id: EventId) -> bool {
         .any(|(_, e)| e.source == Some(id))
 }
 
-/// Creates one dynamic event from a parsed definition.
+/// Creates one dynamic event from a parsed definition; a failure is logged in `error_log`
+/// as the kernel logs it.
 pub fn create(definition: ProbeDefinition) -> Result<EventId, Errno> {
+    create_checked(definition).map_err(|(errno, log)| {
+        if let Some(text) = log {
+            tracing().top().log_error_text(&text);
+        }
+        errno
+    })
+}
+
+/// [`create`] without the logging: the errno, and the `error_log` entry the failure calls for.
+fn create_checked(definition: ProbeDefinition) -> Result<EventId, (Errno, Option<String>)> {
+    let logged = |e: ustrace_probe::ProbeError| (Errno(e.errno.code()), Some(e.log_text()));
     let source = match definition.kind {
         ProbeKind::Eprobe => Some(
             registry()
                 .find(&definition.target_system, &definition.target)
-                .ok_or(Errno::ENOENT)?
+                .ok_or((Errno::ENOENT, None))?
                 .id,
         ),
         ProbeKind::Fentry | ProbeKind::Fexit => {
-            // Check now that the function can be patched, so the error comes at definition.
-            let inventory = ustrace_inspect::symbols::inventory();
-            let symbol = inventory
-                .find(&definition.target)
-                .into_iter()
-                .next()
-                .ok_or(Errno::ENOENT)?;
-            if ustrace_fprobe::check_patchable(symbol.addr).is_some() {
-                return Err(Errno::EINVAL);
+            // Check now that every function the symbol names exists and can be patched, so
+            // the error comes at definition. The kernel (6.18) verifies the symbol when the
+            // event is defined: "Invalid probed address or symbol" under the symbol, and
+            // EINVAL; any other failure to register is "Failed to register probe event".
+            let Ok(addrs) = fprobe_targets(&definition.target) else {
+                return Err(logged(definition.error(
+                    ErrorId::BAD_PROBE_ADDR,
+                    1,
+                    0,
+                    ProbeErrno::Inval,
+                )));
+            };
+            if addrs
+                .iter()
+                .any(|&addr| ustrace_fprobe::check_patchable(addr).is_some())
+            {
+                return Err(logged(definition.error(
+                    ErrorId::FAIL_REG_PROBE,
+                    1,
+                    0,
+                    ProbeErrno::Inval,
+                )));
             }
             None
         }
-        ProbeKind::Uprobe | ProbeKind::Uretprobe => return Err(Errno::EINVAL),
+        ProbeKind::Uprobe | ProbeKind::Uretprobe => return Err((Errno::EINVAL, None)),
         ProbeKind::Tracepoint => None,
     };
     let program = definition.compile(Some(ustrace_inspect::symbols::inventory()));
@@ -542,7 +594,7 @@ pub fn create(definition: ProbeDefinition) -> Result<EventId, Errno> {
         fields,
         source,
     });
-    let event = registry().add(class.clone())?;
+    let event = registry().add(class.clone()).map_err(|e| (e, None))?;
     tracing().add_event(event.clone());
     DYNAMIC
         .lock()
@@ -584,7 +636,12 @@ pub fn run_command(line: &str) -> Result<(), (Errno, Option<String>)> {
         }
         (Errno(e.errno.code()), Some(text).filter(|t| !t.is_empty()))
     })?;
-    apply(command).map_err(|errno| (errno, None))
+    apply(command).map_err(|(errno, log)| {
+        if let Some(text) = &log {
+            tracing().top().log_error_text(text);
+        }
+        (errno, log)
+    })
 }
 
 /// Finds a dynamic event by group (any when `None`) and name.
@@ -597,10 +654,10 @@ pub fn find(group: Option<&str>, event: &str) -> Option<EventId> {
         .map(|(id, _)| *id)
 }
 
-fn apply(command: DynCommand) -> Result<(), Errno> {
+fn apply(command: DynCommand) -> Result<(), (Errno, Option<String>)> {
     match command {
         DynCommand::Empty => Ok(()),
-        DynCommand::Create(definition) => create(definition).map(|_| ()),
+        DynCommand::Create(definition) => create_checked(definition).map(|_| ()),
         DynCommand::Remove(removal) => {
             let matching: Vec<EventId> = DYNAMIC
                 .lock()
@@ -610,10 +667,10 @@ fn apply(command: DynCommand) -> Result<(), Errno> {
                 .map(|(id, _)| *id)
                 .collect();
             if matching.is_empty() {
-                return Err(Errno::ENOENT);
+                return Err((Errno::ENOENT, None));
             }
             for id in matching {
-                remove(id)?;
+                remove(id).map_err(|e| (e, None))?;
             }
             Ok(())
         }

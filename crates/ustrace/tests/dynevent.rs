@@ -431,3 +431,329 @@ fn eprobes_attach_to_fprobe_events_and_to_eprobes() {
     append("dynamic_events", "-:eprobes/rd_count\n").unwrap();
     append("dynamic_events", "-:fprobes/rd\n").unwrap();
 }
+
+/// The newest `error_log` entry without its `[timestamp] ` prefix.
+fn last_error() -> String {
+    let log = read("error_log");
+    let start = log.rfind("\n[").map_or(0, |p| p + 1);
+    let entry = &log[start..];
+    entry
+        .split_once("] ")
+        .map_or(entry, |(_, rest)| rest)
+        .to_string()
+}
+
+/// The function names `available_filter_functions` lists for `object`, as listed.
+fn listed_in(object: &str) -> Vec<String> {
+    let suffix = format!(" [{object}]");
+    read("available_filter_functions")
+        .lines()
+        .filter_map(|l| l.strip_suffix(&suffix))
+        .map(String::from)
+        .collect()
+}
+
+// Issue 15 item 12: a listed name is a name `f` accepts, versioned libc symbols included.
+#[test]
+fn every_listed_libc_function_resolves() {
+    let _t = Scope::new("dyn-libc-names");
+    let names = listed_in("libc.so.6");
+    if names.len() < 100 {
+        eprintln!("skipped: libc lists only {} functions here", names.len());
+        return;
+    }
+    let inventory = ustrace_inspect::symbols::inventory();
+    for name in &names {
+        assert!(
+            !inventory.find(name).is_empty(),
+            "{name} is listed but not found"
+        );
+        // The version-less name of a listed versioned one resolves too.
+        let bare = name.split('@').next().unwrap();
+        assert!(
+            !inventory.find(bare).is_empty(),
+            "{bare} (listed as {name}) not found"
+        );
+    }
+    // Through `dynamic_events`: the three names of the issue and a sample of the rest.
+    // A function the patcher cannot handle is refused as one that cannot be registered,
+    // never as one that does not exist.
+    let mut sample: Vec<String> = ["clock_nanosleep", "realpath", "pthread_cond_wait"]
+        .map(String::from)
+        .to_vec();
+    sample.extend(names.iter().step_by(names.len() / 40).cloned());
+    let mut created = 0;
+    for (i, name) in sample.iter().enumerate() {
+        let _ = write("error_log", "");
+        match append("dynamic_events", &format!("f:libc/f{i} {name}\n")) {
+            Ok(()) => created += 1,
+            Err(e) => {
+                assert_eq!(e, Errno::EINVAL, "{name}");
+                let log = last_error();
+                assert!(
+                    log.starts_with("trace_fprobe: error: Failed to register probe event\n"),
+                    "{name}: {log}"
+                );
+            }
+        }
+    }
+    assert!(created > sample.len() / 2, "{created} of {}", sample.len());
+    let listing = read("dynamic_events");
+    for name in ["realpath", "pthread_cond_wait"] {
+        assert!(
+            listing.lines().any(|l| l.ends_with(&format!(" {name}"))),
+            "{name} not probed:\n{listing}"
+        );
+    }
+}
+
+// Issue 15 item 12: `name@VERSION` names one version, `name` the default one, as dlvsym
+// and dlsym resolve them.
+#[test]
+fn symbol_versions_select_the_definition() {
+    let t = Scope::new("dyn-versions");
+    let addr = |spec: &str| {
+        ustrace_inspect::symbols::inventory()
+            .find(spec)
+            .first()
+            .map(|s| s.addr)
+    };
+    // SAFETY: dlsym/dlvsym with NUL-terminated names only read the loader's tables.
+    let (new, old, default) = unsafe {
+        (
+            libc::dlvsym(
+                libc::RTLD_DEFAULT,
+                c"pthread_cond_wait".as_ptr(),
+                c"GLIBC_2.3.2".as_ptr(),
+            ) as usize,
+            libc::dlvsym(
+                libc::RTLD_DEFAULT,
+                c"pthread_cond_wait".as_ptr(),
+                c"GLIBC_2.2.5".as_ptr(),
+            ) as usize,
+            libc::dlsym(libc::RTLD_DEFAULT, c"pthread_cond_wait".as_ptr()) as usize,
+        )
+    };
+    if new == 0 || old == 0 || !listed_in("libc.so.6").iter().any(|n| n.contains('@')) {
+        eprintln!("skipped: this libc's symbol table has no pthread_cond_wait versions");
+        return;
+    }
+    assert_eq!(addr("pthread_cond_wait"), Some(default));
+    assert_eq!(addr("pthread_cond_wait@GLIBC_2.2.5"), Some(old));
+    assert_eq!(addr("pthread_cond_wait@GLIBC_2.3.2"), Some(new));
+    assert_eq!(addr("pthread_cond_wait@@GLIBC_2.3.2"), Some(new));
+    // An IFUNC with versions (memcpy@@GLIBC_2.14 next to memcpy@GLIBC_2.2.5): listed at
+    // the implementation its resolver chose, which is what the bare name means.
+    // SAFETY: as above.
+    // (ld.so has a `memcpy` of its own, which the bare name names too.)
+    let memcpy = unsafe {
+        libc::dlvsym(
+            libc::RTLD_DEFAULT,
+            c"memcpy".as_ptr(),
+            c"GLIBC_2.14".as_ptr(),
+        )
+    } as usize;
+    assert_ne!(memcpy, 0);
+    let found: Vec<String> = ustrace_inspect::symbols::inventory()
+        .find("memcpy")
+        .iter()
+        .filter(|s| s.object_name() == "libc.so.6")
+        .map(|s| format!("{} {:#x}", s.name, s.addr))
+        .collect();
+    assert_eq!(found, [format!("memcpy@@GLIBC_2.14 {memcpy:#x}")]);
+    assert!(listed_in("libc.so.6")
+        .iter()
+        .any(|n| n.starts_with("memcpy@@")));
+    append("dynamic_events", "f:v/old pthread_cond_wait@GLIBC_2.2.5\n").unwrap();
+    append("dynamic_events", "f:v/new pthread_cond_wait@GLIBC_2.3.2\n").unwrap();
+    append("dynamic_events", "f:v/rp realpath@GLIBC_2.3\n").unwrap();
+    // `@@` is the default version only.
+    assert_eq!(
+        append("dynamic_events", "f:v/bad pthread_cond_wait@@GLIBC_2.2.5\n"),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        read("dynamic_events"),
+        "f:v/old pthread_cond_wait@GLIBC_2.2.5\n\
+         f:v/new pthread_cond_wait@GLIBC_2.3.2\n\
+         f:v/rp realpath@GLIBC_2.3\n"
+    );
+    // The probe sits on the definition the version names: a call of `realpath` (the
+    // default version, what this program links to) hits it.
+    write(&t.p("events/v/rp/enable"), "1\n").unwrap();
+    let mut buf = [0 as libc::c_char; libc::PATH_MAX as usize];
+    // SAFETY: a NUL-terminated path and a PATH_MAX buffer, as realpath(3) asks.
+    let resolved = unsafe { libc::realpath(c"/".as_ptr(), buf.as_mut_ptr()) };
+    assert!(!resolved.is_null());
+    let lines = t.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        text_of(&lines[0]).starts_with("rp: (realpath@@GLIBC_2.3+0x"),
+        "{}",
+        lines[0]
+    );
+}
+
+// Issue 15 item 12: a function that is not there is logged as the kernel (6.18,
+// trace_fprobe.c) logs it: "Invalid probed address or symbol" under the symbol, EINVAL.
+#[test]
+fn a_missing_function_is_logged_like_the_kernel() {
+    let _t = Scope::new("dyn-missing");
+    let _ = write("error_log", "");
+    for (command, caret) in [
+        ("f:test/x no_such_function_xyz", 9),
+        ("f no_such_function_xyz%return $retval", 2),
+        ("f:test/y realpath@GLIBC_9.9", 9),
+    ] {
+        assert_eq!(
+            append("dynamic_events", &format!("{command}\n")),
+            Err(Errno::EINVAL),
+            "{command}"
+        );
+        assert_eq!(
+            last_error(),
+            format!(
+                "trace_fprobe: error: Invalid probed address or symbol\n  Command: {command}\n{}^\n",
+                " ".repeat("  Command: ".len() + caret)
+            )
+        );
+    }
+    assert_eq!(read("dynamic_events"), "");
+    // The in-process builder reports the same entry.
+    let err = ustrace::dynevent_cmd::DynEventCmd::fprobe("gen_missing", "no_such_function_xyz")
+        .create()
+        .unwrap_err();
+    assert_eq!(err.errno, Errno::EINVAL);
+    assert!(
+        err.log
+            .as_deref()
+            .is_some_and(|l| l.contains("Invalid probed address or symbol")),
+        "{err:?}"
+    );
+}
+
+// Issue 15 item 15: the listing of each kind, golden, as the kernel's show functions print
+// it (trace_fprobe.c trace_fprobe_show, trace_eprobe.c eprobe_dyn_event_show: an eprobe's
+// `if FILTER` is applied but never listed), and a tprobe's record names its probe stub
+// where it printed `(0x00000000)`.
+#[test]
+fn listings_and_tprobe_lines_match_the_kernel() {
+    let t = Scope::new("dyn-golden");
+    for def in [
+        "f:golden/rd vfs_read count=$arg3:u64",
+        "f:golden/rd_ret vfs_read%return ret=$retval:s64",
+        "t dyn_sched_switch preempt=$arg1 next_pid=+0($arg3):s32",
+        "t:golden/sw dyn_sched_switch",
+        "e:eprobes/high_prio dsched.waking pid=$pid:u32 comm=$comm:string if prio < 100",
+        "e:golden/any dsched.waking",
+    ] {
+        append("dynamic_events", &format!("{def}\n")).unwrap();
+    }
+    assert_eq!(
+        read("dynamic_events"),
+        "f:golden/rd vfs_read count=$arg3:u64\n\
+         f:golden/rd_ret vfs_read%return ret=$retval:s64\n\
+         t:tracepoints/dyn_sched_switch dyn_sched_switch preempt=$arg1 next_pid=+0($arg3):s32\n\
+         t:golden/sw dyn_sched_switch\n\
+         e:eprobes/high_prio dsched.waking pid=$pid:u32 comm=$comm:string\n\
+         e:golden/any dsched.waking\n"
+    );
+    // The unlisted filter still applies.
+    write(&t.p("events/eprobes/high_prio/enable"), "1\n").unwrap();
+    waking::trace("kworker", 12, 120);
+    waking::trace("rcu_preempt", 16, 98);
+    write(&t.p("events/eprobes/high_prio/enable"), "0\n").unwrap();
+    let lines = t.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        text_of(&lines[0]),
+        "high_prio: (dsched.waking) pid=16 comm=\"rcu_preempt\""
+    );
+    write(&t.p("trace"), "").unwrap();
+
+    // The kernel: `sched_switch: (__probestub_sched_switch+0x4/0x10) preempt=0 ...`. Here
+    // the tracepoint's raw-probe entry, `NAME::register_raw`, is the stub.
+    write(&t.p("events/tracepoints/dyn_sched_switch/enable"), "1\n").unwrap();
+    let (prev, next) = (Task { pid: 70, prio: 120 }, Task { pid: 16, prio: 98 });
+    dyn_sched_switch::trace(false, &prev, &next);
+    write(&t.p("events/tracepoints/dyn_sched_switch/enable"), "0\n").unwrap();
+    let lines = t.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let text = text_of(&lines[0]);
+    let stub = "dyn_sched_switch: (dynevent::dyn_sched_switch::register_raw+0x0/0x";
+    assert!(text.starts_with(stub), "{text}");
+    assert!(text.ends_with(") preempt=0x0 next_pid=16"), "{text}");
+    // The `ip` field holds the stub's address, for filters and raw readers.
+    let format = read("events/tracepoints/dyn_sched_switch/format");
+    assert!(format.contains("REC->__probe_ip"), "{format}");
+}
+
+// Issue 15 item 12, without debug files: a stripped library's `.dynsym` names carry no
+// version (it is in `.gnu.version`), so both versions of a function were one name. They are
+// spelled as a `.symtab` spells them, so `name@VERSION` works there too.
+#[test]
+fn versions_of_a_stripped_library_are_spelled_out() {
+    let _t = Scope::new("dyn-stripped-versions");
+    let dir = std::env::temp_dir().join(format!("ustrace-dynver-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, map, lib) = (
+        dir.join("v.c"),
+        dir.join("v.map"),
+        dir.join("libustrace_dynver.so"),
+    );
+    std::fs::write(
+        &src,
+        "int vfn_old(int x) { return x + 1; }\n\
+         int vfn_new(int x) { return x * 3 + 2; }\n\
+         __asm__(\".symver vfn_old,ustrace_vfn@V1\");\n\
+         __asm__(\".symver vfn_new,ustrace_vfn@@V2\");\n\
+         int ustrace_vplain(int x) { return x; }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &map,
+        "V1 { global: ustrace_vfn; ustrace_vplain; local: *; };\nV2 { global: ustrace_vfn; } V1;\n",
+    )
+    .unwrap();
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O0", "-s"])
+        .arg(format!("-Wl,--version-script={}", map.display()))
+        .arg("-o")
+        .arg(&lib)
+        .arg(&src)
+        .status();
+    if !status.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: cannot build a shared library with cc");
+        return;
+    }
+    let path = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
+    // SAFETY: loading a library just built from the source above (no constructors).
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+    assert!(!handle.is_null());
+    // SAFETY: valid handle, NUL-terminated names.
+    let (v1, v2) = unsafe {
+        (
+            libc::dlvsym(handle, c"ustrace_vfn".as_ptr(), c"V1".as_ptr()) as usize,
+            libc::dlvsym(handle, c"ustrace_vfn".as_ptr(), c"V2".as_ptr()) as usize,
+        )
+    };
+    assert!(v1 != 0 && v2 != 0 && v1 != v2);
+    let listed = listed_in("libustrace_dynver.so");
+    let mut sorted = listed.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        ["ustrace_vfn@@V2", "ustrace_vfn@V1", "ustrace_vplain"],
+        "{listed:?}"
+    );
+    let inventory = ustrace_inspect::symbols::inventory();
+    let addrs =
+        |spec: &str| -> Vec<usize> { inventory.find(spec).iter().map(|s| s.addr).collect() };
+    assert_eq!(addrs("ustrace_vfn"), [v2]);
+    assert_eq!(addrs("ustrace_vfn@V1"), [v1]);
+    assert_eq!(addrs("ustrace_vfn@V2"), [v2]);
+    append("dynamic_events", "f:ver/old ustrace_vfn@V1\n").unwrap();
+    append("dynamic_events", "f:ver/new ustrace_vfn\n").unwrap();
+    let _ = write("dynamic_events", "");
+    let _ = std::fs::remove_dir_all(&dir);
+}
