@@ -58,6 +58,22 @@ ustrace::trace_event! {
     print "nr_rq=%d", nr_rq;
 }
 
+// Shaped like the kernel's raw_syscalls events, for the comparison with the live kernel.
+ustrace::trace_event! {
+    pub fn tsys::sys_enter(id: isize) {
+        id: isize = id,
+    }
+    print "NR %ld", id;
+}
+
+ustrace::trace_event! {
+    pub fn tsys::sys_exit(id: isize, ret: isize) {
+        id: isize = id,
+        ret: isize = ret,
+    }
+    print "NR %ld = %ld", id, ret;
+}
+
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 struct Instance(
@@ -713,4 +729,205 @@ fn stacktrace_is_a_filter_field_that_never_matches() {
     signal_generate::trace(1, "sh");
     signal_generate::trace(2, "sh");
     assert_eq!(t.lines().len(), 1, "{:?}", t.lines());
+}
+
+/// One side of [`rejected_and_refused_writes_leave_what_the_kernel_leaves`]: a tracefs
+/// instance with events `SYS/sys_enter` and `SYS/sys_exit`, and a way to make both fire.
+trait Side {
+    fn write(&self, path: &str, data: &[u8]) -> i32;
+    fn read(&self, path: &str) -> String;
+    /// Makes both events fire; which of them were recorded.
+    fn fire(&self) -> (bool, bool);
+}
+
+struct Ours(Instance);
+
+impl Side for Ours {
+    fn write(&self, path: &str, data: &[u8]) -> i32 {
+        let path = path.replace("SYS", "tsys");
+        match write_bytes(&self.0, &path, data) {
+            Ok(()) => 0,
+            Err(e) => e.0,
+        }
+    }
+    fn read(&self, path: &str) -> String {
+        self.0.read(&path.replace("SYS", "tsys"))
+    }
+    fn fire(&self) -> (bool, bool) {
+        self.0.write("trace", "").unwrap();
+        self.0.write("events/tsys/enable", "1").unwrap();
+        sys_enter::trace(110);
+        sys_exit::trace(110, 1);
+        self.0.write("events/tsys/enable", "0").unwrap();
+        let trace = self.0.read("trace");
+        (
+            trace.contains(" sys_enter: "),
+            trace.contains(" sys_exit: "),
+        )
+    }
+}
+
+/// A kernel tracefs instance whose `set_event_pid` holds only the calling thread.
+struct Kernel(std::path::PathBuf);
+
+impl Kernel {
+    fn create() -> Option<Kernel> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: not root");
+            return None;
+        }
+        let root = std::path::Path::new("/sys/kernel/tracing/instances");
+        if !root.is_dir() {
+            eprintln!("skipped: no tracefs at /sys/kernel/tracing");
+            return None;
+        }
+        let dir = root.join(format!("ustrace-ft-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let k = Kernel(dir);
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        assert_eq!(k.write("set_event_pid", tid.to_string().as_bytes()), 0);
+        Some(k)
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        let _ = self.write("events/SYS/enable", b"0");
+        let _ = self.write("events/SYS/filter", b"0");
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+impl Side for Kernel {
+    fn write(&self, path: &str, data: &[u8]) -> i32 {
+        use std::io::Write;
+        let path = self.0.join(path.replace("SYS", "raw_syscalls"));
+        let mut file = match std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(path.ends_with("trace") || path.ends_with("error_log"))
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => return e.raw_os_error().unwrap_or(-1),
+        };
+        match file.write(data) {
+            // tracefs takes a whole command per write or fails it.
+            Ok(n) if n == data.len() => 0,
+            Ok(_) => -1,
+            Err(e) => e.raw_os_error().unwrap_or(-1),
+        }
+    }
+    fn read(&self, path: &str) -> String {
+        use std::io::Read;
+        let path = self.0.join(path.replace("SYS", "raw_syscalls"));
+        // `filter` answers one read only: read once, into room for all of it.
+        let mut file = std::fs::File::open(&path).unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let n = file.read(&mut buf).unwrap();
+        buf.truncate(n);
+        let _ = file.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+    fn fire(&self) -> (bool, bool) {
+        self.write("trace", b"");
+        assert_eq!(self.write("events/SYS/enable", b"1"), 0);
+        // SAFETY: getppid has no arguments and cannot fail.
+        unsafe { libc::getppid() };
+        assert_eq!(self.write("events/SYS/enable", b"0"), 0);
+        let trace = self.read("trace");
+        (
+            trace.contains(" sys_enter: "),
+            trace.contains(" sys_exit: "),
+        )
+    }
+}
+
+/// Runs the same writes on one side; per step what it answered and left.
+fn rejected_writes_script(side: &dyn Side) -> Vec<String> {
+    let padded = |text: &str| {
+        let mut t = text.as_bytes().to_vec();
+        t.resize(4096, b' ');
+        t
+    };
+    // Each outcome of these does not depend on the events' values: an event of this thread
+    // never has common_pid 1, and a STACKTRACE predicate is always false.
+    let steps: Vec<(&str, Vec<u8>)> = vec![
+        ("events/SYS/sys_enter/filter", b"xx == 1".to_vec()),
+        ("events/SYS/sys_enter/filter", b"xx == 1\0junk".to_vec()),
+        ("events/SYS/sys_enter/filter", padded("id == 1")),
+        ("events/SYS/sys_enter/filter", padded("0")),
+        (
+            "events/SYS/sys_enter/filter",
+            b"common_pid == 1\0 || id > 0".to_vec(),
+        ),
+        ("events/SYS/sys_enter/filter", b"stacktrace != 0".to_vec()),
+        (
+            "events/SYS/sys_enter/filter",
+            b"!(STACKTRACE == 1)".to_vec(),
+        ),
+        (
+            "events/SYS/sys_enter/filter",
+            b"STACKTRACE ~ \"x\"".to_vec(),
+        ),
+        (
+            "events/SYS/sys_enter/filter",
+            b"stacktrace.function == 0x10".to_vec(),
+        ),
+        ("events/SYS/filter", b"ret == -12345".to_vec()),
+        ("events/SYS/filter", b"(id == 1".to_vec()),
+        ("events/SYS/filter", padded("xx == 1")),
+        ("events/SYS/filter", b"".to_vec()),
+    ];
+    let entry = |log: String| -> String {
+        log.lines()
+            .map(
+                |l| match l.strip_prefix('[').and_then(|l| l.split_once("] ")) {
+                    Some((_, rest)) => rest.to_string(),
+                    None => l.to_string(),
+                },
+            )
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let mut seen = Vec::new();
+    for (path, data) in steps {
+        for event in ["sys_enter", "sys_exit"] {
+            assert_eq!(
+                side.write(&format!("events/SYS/{event}/filter"), b"common_pid == 1"),
+                0
+            );
+        }
+        side.write("error_log", b"");
+        let errno = side.write(path, &data);
+        let enter = side.read("events/SYS/sys_enter/filter");
+        let exit = side.read("events/SYS/sys_exit/filter");
+        let log = entry(side.read("error_log"));
+        let recorded = side.fire();
+        seen.push(format!(
+            "{:?} -> errno {errno}\n enter: {enter:?}\n exit: {exit:?}\n log: {log:?}\n recorded: {recorded:?}",
+            String::from_utf8_lossy(&data[..data.len().min(40)])
+        ));
+    }
+    seen
+}
+
+/// The kernel (6.18) leaves an event unfiltered after a rejected filter write, per event for
+/// a subsystem write, and nothing changed after a write of a page or more: write the same
+/// texts to raw_syscalls in a kernel instance and to events shaped like them here, and
+/// compare what each answers, shows, logs and records.
+#[test]
+fn rejected_and_refused_writes_leave_what_the_kernel_leaves() {
+    let t = Instance::new("f-vs-kernel");
+    let Some(kernel) = Kernel::create() else {
+        return;
+    };
+    let theirs = rejected_writes_script(&kernel);
+    drop(kernel);
+    let ours = rejected_writes_script(&Ours(t));
+    for (k, o) in theirs.iter().zip(&ours) {
+        assert_eq!(o, k, "ours (left) differs from the kernel (right)");
+    }
+    assert_eq!(ours.len(), theirs.len());
 }
