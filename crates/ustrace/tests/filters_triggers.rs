@@ -931,3 +931,16 @@ fn rejected_and_refused_writes_leave_what_the_kernel_leaves() {
     }
     assert_eq!(ours.len(), theirs.len());
 }
+
+#[test]
+fn an_error_log_command_ends_at_its_first_nul() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let top = ustrace::trace::tracing().top();
+    top.log_error("nul test", "Bad", "ab\0cd", 1);
+    let log = common::read("error_log").unwrap();
+    let last = log.rsplit_once("] nul test").map(|(_, e)| e).unwrap_or("");
+    assert_eq!(
+        last, ": error: Bad\n  Command: ab\n            ^\n",
+        "{log}"
+    );
+}
