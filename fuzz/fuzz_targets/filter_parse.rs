@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ustrace_filter::{compile, CompileEnv, Context, Field};
+use ustrace_filter::{compile, is_clear, CompileEnv, Context, Field, MAX_WRITE};
 
 const FIELDS: [Field<'static>; 6] = [
     Field {
@@ -65,6 +65,11 @@ fuzz_target!(|data: &[u8]| {
         resolve_address: Some(&by_addr),
         nr_cpus: 8,
     };
+    // A page or more is refused on its size alone, never taken as the clear command.
+    let too_long = text.len() >= MAX_WRITE;
+    if too_long {
+        assert!(!is_clear(&text));
+    }
     match compile(&text, &FIELDS, &env) {
         Ok(prog) => {
             let reader = |addr: u64, buf: &mut [u8]| -> Option<usize> {
@@ -82,11 +87,15 @@ fuzz_target!(|data: &[u8]| {
             };
             let _ = prog.matches(data, &ctx);
             let _ = prog.matches(&data[..data.len() / 2], &ctx);
+            assert!(!too_long && !prog.text().contains('\0'));
             assert!(compile(prog.text(), &FIELDS, &env).is_ok());
         }
         Err(e) => {
-            let _ = e.filter_file_text(&text);
-            let _ = e.error_log_entry(&text);
+            assert_eq!(e.is_write_too_long(), too_long);
+            // What the kernel shows ends at the write's first NUL.
+            let shown = e.filter_file_text(&text);
+            let (first, rest) = e.error_log_entry(&text);
+            assert!(!shown.contains('\0') && !first.contains('\0') && !rest.contains('\0'));
             assert!(e.errno() > 0);
         }
     }

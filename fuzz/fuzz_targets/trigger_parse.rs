@@ -9,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use ustrace_filter::trigger::{self, Trigger};
-use ustrace_filter::{compile, CompileEnv, Field};
+use ustrace_filter::{compile, CompileEnv, Field, MAX_WRITE};
 
 const FIELDS: [Field<'static>; 2] = [
     Field {
@@ -33,6 +33,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(cmd) = trigger::parse(&text) else {
         return;
     };
+    // A page or more is refused on its size, and nothing after a NUL is read.
+    assert!(text.len() < MAX_WRITE);
+    assert!(cmd.filter.as_deref().is_none_or(|f| !f.contains('\0')));
     if cmd.remove {
         return;
     }

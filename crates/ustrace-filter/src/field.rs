@@ -45,8 +45,9 @@ pub const COMMON_FIELDS: [Field<'static>; 4] = [
     },
 ];
 
-/// What the kernel's `filter_assign_type` makes of a field, plus the two
-/// generic pseudo-fields (`CPU`/`cpu`/`common_cpu` and `COMM`/`comm`).
+/// What the kernel's `filter_assign_type` makes of a field, plus the three
+/// generic pseudo-fields (`CPU`/`cpu`/`common_cpu`, `COMM`/`comm` and
+/// `STACKTRACE`/`stacktrace`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FieldClass {
     /// Integers, pointers, non-char arrays: compared as `size`-byte integers.
@@ -65,6 +66,13 @@ pub enum FieldClass {
     Cpu,
     /// The current task's name (`Context::comm`).
     Comm,
+    /// `STACKTRACE`/`stacktrace`: the kernel declares it (for histogram keys)
+    /// as a generic field of no size and no sign, so a filter accepts it with
+    /// unsigned numbers only and every predicate on it is the no-op (false,
+    /// `!=` included); strings are "Expecting numeric field", `CPUS{}` and
+    /// `.function` are "Illegal operation for field type". The kernel's own
+    /// `common_stacktrace` spelling is not a filter field (6.18).
+    StackTrace,
 }
 
 impl FieldClass {
@@ -147,6 +155,14 @@ pub(crate) fn resolve(name: &[u8], fields: &[Field<'_>]) -> Option<Resolved> {
                 signed: true,
             });
         }
+        b"STACKTRACE" | b"stacktrace" => {
+            return Some(Resolved {
+                class: FieldClass::StackTrace,
+                offset: 0,
+                size: 0,
+                signed: false,
+            })
+        }
         _ => {}
     }
     COMMON_FIELDS
@@ -198,6 +214,22 @@ mod tests {
         assert_eq!(resolve(b"CPU", &own_cpu).unwrap().class, FieldClass::Cpu);
         assert_eq!(resolve(b"comm", &[]).unwrap().class, FieldClass::Comm);
         assert!(resolve(b"common_comm", &[]).is_none());
+        assert_eq!(
+            resolve(b"STACKTRACE", &[]).unwrap().class,
+            FieldClass::StackTrace
+        );
+        assert!(resolve(b"common_stacktrace", &[]).is_none());
+        let own_stack = [Field {
+            name: "stacktrace",
+            c_type: "unsigned long",
+            offset: 8,
+            size: 8,
+            signed: false,
+        }];
+        assert_eq!(
+            resolve(b"stacktrace", &own_stack).unwrap().class,
+            FieldClass::Other
+        );
         assert_eq!(resolve(b"common_pid", &[]).unwrap().offset, 4);
     }
 }

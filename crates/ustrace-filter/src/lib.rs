@@ -28,12 +28,19 @@
 //! are rejected ("Invalid value (did you forget quotes)?"); `common_comm` and
 //! `.string` do not exist; `comm ~ "*sh"` never matches (the kernel compares
 //! the end of the 16-byte comm buffer); integer fields whose size is not
-//! 1/2/4/8 never match; and a failed write leaves the event *unfiltered*.
+//! 1/2/4/8 never match, nor does any predicate on the `STACKTRACE` pseudo
+//! field (see [`FieldClass::StackTrace`]); and a failed write leaves the
+//! event *unfiltered* (checked with recorded events on 6.18).
 
 //! # Contract with the event core (checked against the live kernel)
 //!
 //! Writing to an event's `filter` file:
 //!
+//! 0. A write of [`MAX_WRITE`] bytes or more (trailing blanks count) fails
+//!    with `EINVAL` and changes nothing: the filter in force, the file's
+//!    text and `error_log` stay as they were. [`compile`] returns
+//!    [`FilterError::is_write_too_long`] for it and [`is_clear`] is false, so
+//!    a caller that hands over the whole write, untrimmed, gets this right.
 //! 1. [`is_clear`] (`0`, whitespace around allowed): remove the filter; the
 //!    file reads `none`.
 //! 2. Otherwise [`compile`] against the event's format fields.
@@ -46,11 +53,16 @@
 //!      [`FilterError::error_log_entry`] is appended to the instance's
 //!      `error_log` (after a `[timestamp] ` prefix, one entry per failure).
 //!
-//! Writing to a subsystem's `filter` file: the same text is compiled for each
-//! event of the subsystem; each event gets its program or, on failure,
-//! [`FilterError::for_subsystem`] (unfiltered, error text, log entry); the
-//! write succeeds if the subsystem has any event, and the subsystem file
-//! always reads [`SUBSYSTEM_FILTER_HELP`].
+//! Writing to a subsystem's `filter` file: a write of [`MAX_WRITE`] bytes or
+//! more fails first, as above, touching no event. Otherwise the same text is
+//! compiled for each event of the subsystem; each event gets its program or,
+//! on failure, [`FilterError::for_subsystem`] (its old filter removed, so it
+//! is unfiltered; error text; log entry); the write succeeds if the
+//! subsystem has any event, even when every event failed, and the subsystem
+//! file always reads [`SUBSYSTEM_FILTER_HELP`].
+//!
+//! Text after a NUL byte is not part of the write (the kernel reads it as a
+//! C string): it is neither compiled nor shown in `filter` or `error_log`.
 //!
 //! Triggers: see [`trigger`].
 

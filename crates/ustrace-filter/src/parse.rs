@@ -93,7 +93,14 @@ pub fn possible_cpus() -> u32 {
 /// Whether a write to `filter` means "clear the filter": the kernel strips
 /// the text and compares it with `0` before parsing anything. The caller must
 /// check this first; [`compile`] would reject `0` as "Field not found".
+///
+/// A write of [`MAX_WRITE`] bytes or more is never the clear command, however
+/// blank its tail: the kernel refuses it on its size before looking at it,
+/// and [`compile`] reports that refusal.
 pub fn is_clear(text: &str) -> bool {
+    if text.len() >= MAX_WRITE {
+        return false;
+    }
     let b = crate::ctype::c_str(text.as_bytes());
     crate::ctype::skip_leading(crate::ctype::strip_trailing(b)) == b"0"
 }
@@ -747,5 +754,7 @@ mod tests {
         assert!(is_clear(" 0\n"));
         assert!(!is_clear("00"));
         assert!(!is_clear("id == 0"));
+        assert!(is_clear(&format!("0{}", " ".repeat(MAX_WRITE - 2))));
+        assert!(!is_clear(&format!("0{}", " ".repeat(MAX_WRITE - 1))));
     }
 }

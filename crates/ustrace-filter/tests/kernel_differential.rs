@@ -175,6 +175,11 @@ fn cases() -> usize {
         .unwrap_or(300)
 }
 
+/// `text` followed by blanks up to `len` bytes.
+fn padded(text: &str, len: usize) -> String {
+    format!("{text}{}", " ".repeat(len - text.len()))
+}
+
 fn strip_log_timestamp(log: &str) -> String {
     match log.find("] ") {
         Some(i) if log.starts_with('[') => log[i + 2..].trim_end_matches('\n').to_string(),
@@ -207,6 +212,13 @@ fn filters_agree_with_the_kernel() {
     ] {
         texts.push("x".repeat(n));
         texts.push(format!("{} y", "x".repeat(n)));
+    }
+    // A page or more is refused on its size, however blank its tail (the
+    // write is then expected to leave `id == 12345` in force and shown).
+    for n in [4095, 4096, 4097] {
+        for text in ["id == 1", "xx == 1", "0", "id == 1\0"] {
+            texts.push(padded(text, n));
+        }
     }
     texts.push("()".repeat(2047));
     texts.push(format!("id == 1 && {}", "(".repeat(4000)));
@@ -297,6 +309,16 @@ fn triggers_agree_with_the_kernel() {
     let mut texts = corpus("triggers.txt");
     texts.extend(generated(trigger_text(), cases()));
     texts.extend(generated(mutated(corpus("triggers.txt")), cases()));
+    for n in [4095, 4096, 4097] {
+        for text in [
+            "traceoff:5",
+            "traceoff:5 if id == 1",
+            "traceoff:5 if xx == 1",
+            "!traceoff",
+        ] {
+            texts.push(padded(text, n));
+        }
+    }
     let mut agree = 0usize;
     let mut failures = Vec::new();
     for text in &texts {
@@ -378,9 +400,12 @@ fn triggers_agree_with_the_kernel() {
     );
 }
 
+/// One field of a `format` file: name, C type, offset, size, signed.
+type FormatField = (String, String, usize, usize, bool);
+
 /// Fields from an event's `format` file (`field:char prev_comm[16];` becomes
 /// name `prev_comm`, type `char[16]`, as the kernel stores it).
-fn parse_format(text: &str) -> Vec<(String, String, usize, usize, bool)> {
+fn parse_format(text: &str) -> Vec<FormatField> {
     text.lines()
         .filter_map(|l| {
             let l = l.trim().strip_prefix("field:")?;
@@ -567,6 +592,201 @@ fn other_events_agree_with_the_kernel() {
         assert_eq!(write(&filter, "0"), 0);
     }
     eprintln!("other-event filter agreement: {agree}/{total}");
+    assert!(
+        failures.is_empty(),
+        "{} disagreements:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Entries of `error_log`, each without its `[timestamp] ` prefix.
+fn log_entries(log: &str) -> Vec<String> {
+    let mut entries: Vec<String> = Vec::new();
+    for line in log.lines() {
+        match line.strip_prefix('[').and_then(|l| l.split_once("] ")) {
+            Some((_, first)) => entries.push(format!("{first}\n")),
+            None => {
+                if let Some(last) = entries.last_mut() {
+                    last.push_str(line);
+                    last.push('\n');
+                }
+            }
+        }
+    }
+    entries
+}
+
+/// Which of `raw_syscalls`' two events recorded anything of this thread while
+/// it made a few syscalls (the instance's `set_event_pid` holds only it).
+fn recorded(inst: &Instance) -> (bool, bool) {
+    let sys = inst.dir.join("events/raw_syscalls");
+    let _ = fs::write(inst.dir.join("trace"), "");
+    assert_eq!(write(&sys.join("enable"), "1"), 0);
+    for _ in 0..3 {
+        // SAFETY: getppid has no arguments and cannot fail.
+        unsafe { libc::getppid() };
+    }
+    assert_eq!(write(&sys.join("enable"), "0"), 0);
+    let trace = read(&inst.dir.join("trace"));
+    (
+        trace.contains(" sys_enter: "),
+        trace.contains(" sys_exit: "),
+    )
+}
+
+/// Subsystem filters: a write to `raw_syscalls/filter` is compiled for each
+/// event; per event, the `filter` read-back, the `error_log` entries and what
+/// is recorded must be what the crate's contract says (an event that fails
+/// loses its old filter; a write of a page or more changes nothing). Single
+/// event writes are checked for what they leave in force the same way.
+#[test]
+fn subsystem_filters_and_rejected_writes_agree_with_the_kernel() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let inst = Instance::create(&format!("ustrace-difftest-sys-{}", std::process::id()))
+        .expect("creating a tracefs instance");
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    assert_eq!(write(&inst.dir.join("set_event_pid"), &tid.to_string()), 0);
+    let sys = inst.dir.join("events/raw_syscalls");
+    let events: Vec<(&str, Vec<FormatField>)> = ["sys_enter", "sys_exit"]
+        .iter()
+        .map(|e| {
+            let format = read(&sys.join(e).join("format"));
+            (*e, parse_format(&format))
+        })
+        .collect();
+    let fields_of = |owned: &[FormatField]| -> Vec<ustrace_filter::Field<'static>> {
+        owned
+            .iter()
+            .map(|(name, ty, offset, size, signed)| ustrace_filter::Field {
+                name: Box::leak(name.clone().into_boxed_str()),
+                c_type: Box::leak(ty.clone().into_boxed_str()),
+                offset: *offset,
+                size: *size,
+                signed: *signed,
+            })
+            .collect()
+    };
+    let fields: Vec<Vec<ustrace_filter::Field<'static>>> =
+        events.iter().map(|(_, f)| fields_of(f)).collect();
+    let syms = Kallsyms::load();
+    let by_name = |n: &str| syms.function(n);
+    let by_addr = |a: u64| syms.address(a);
+    let env = CompileEnv {
+        resolve_function: Some(&by_name),
+        resolve_address: Some(&by_addr),
+        nr_cpus: possible_cpus(),
+    };
+    // A filter that keeps none of this thread's events, set before each write.
+    let old = format!("common_pid == {}", tid + 1);
+    let mut texts: Vec<String> = [
+        "ret == 12345",
+        "id == 1 && ret == 0",
+        "xx == 1",
+        "(id == 1",
+        "id == \"x\"",
+        "",
+        "\n",
+        " id == 1   ",
+        "stacktrace == 1",
+        "ret.function == schedule",
+        "xx == 1\0junk",
+        "ret == 5\0 && xx",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for n in [4095, 4096, 4097] {
+        texts.push(padded("ret == 12345", n));
+        texts.push(padded("xx == 1", n));
+        texts.push(padded("0", n));
+    }
+    texts.extend(generated(mutated(corpus("filters.txt")), cases() / 10));
+    let error_log = inst.dir.join("error_log");
+    let mut failures = Vec::new();
+    for text in &texts {
+        for (e, _) in &events {
+            assert_eq!(write(&sys.join(e).join("filter"), &old), 0);
+        }
+        let _ = fs::write(&error_log, "");
+        let k_errno = write(&sys.join("filter"), text);
+        let k_files: Vec<String> = events
+            .iter()
+            .map(|(e, _)| read(&sys.join(e).join("filter")))
+            .collect();
+        let k_log = log_entries(&read(&error_log));
+        let k_rec = recorded(&inst);
+
+        let mut m_files = Vec::new();
+        let mut m_log = Vec::new();
+        let mut m_rec = Vec::new();
+        let m_errno = if text.len() >= ustrace_filter::MAX_WRITE {
+            m_files = vec![format!("{old}\n"); events.len()];
+            m_rec = vec![Some(false); events.len()];
+            22
+        } else if is_clear(text) {
+            m_files = vec!["none\n".to_string(); events.len()];
+            m_rec = vec![Some(true); events.len()];
+            0
+        } else {
+            for f in &fields {
+                match compile(text, f, &env) {
+                    Ok(p) => {
+                        m_files.push(format!("{}\n", p.text()));
+                        // What it keeps depends on the syscalls' values: not checked.
+                        m_rec.push(None);
+                    }
+                    Err(e) => {
+                        let e = e.for_subsystem();
+                        m_files.push(e.filter_file_text(text));
+                        let (first, rest) = e.error_log_entry(text);
+                        m_log.push(format!("{first}\n{rest}\n"));
+                        // The old filter is gone: everything passes.
+                        m_rec.push(Some(true));
+                    }
+                }
+            }
+            0
+        };
+        let k_rec = [k_rec.0, k_rec.1];
+        let rec_ok = m_rec
+            .iter()
+            .zip(k_rec)
+            .all(|(m, k)| m.is_none_or(|m| m == k));
+        if (k_errno, &k_files, &k_log) != (m_errno, &m_files, &m_log) || !rec_ok {
+            failures.push(format!(
+                "{text:?}\n  kernel: errno {k_errno} {k_files:?} {k_log:?} recorded {k_rec:?}\n  ours:   errno {m_errno} {m_files:?} {m_log:?} recorded {m_rec:?}"
+            ));
+        }
+    }
+    // One event's own file: a rejected write leaves it unfiltered, a refused
+    // one (a page or more) leaves the old filter in force.
+    let enter = sys.join("sys_enter/filter");
+    for (text, passes) in [
+        ("xx == 1".to_string(), true),
+        ("stacktrace ~ \"x\"".to_string(), true),
+        ("id == 99999\0 && xx".to_string(), false),
+        (padded("xx == 1", 4096), false),
+        (padded("0", 4096), false),
+    ] {
+        assert_eq!(write(&enter, &old), 0);
+        assert_eq!(write(&sys.join("sys_exit/filter"), "0"), 0);
+        let _ = write(&enter, &text);
+        let (k_enter, _) = recorded(&inst);
+        if k_enter != passes {
+            failures.push(format!(
+                "sys_enter after {:?}: kernel recorded {k_enter}, contract says {passes}",
+                &text[..text.len().min(40)]
+            ));
+        }
+    }
+    let _ = write(&sys.join("filter"), "0");
+    let _ = write(&inst.dir.join("set_event_pid"), "");
     assert!(
         failures.is_empty(),
         "{} disagreements:\n{}",

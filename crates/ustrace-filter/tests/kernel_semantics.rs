@@ -111,6 +111,9 @@ fn leaf() -> impl Strategy<Value = String> {
             "ustr-semworker", "ustr*", "*worker", "*ork*", "ustr-sem?orker", "u[a-z]tr*", "!ustr*", "x*", "*", "", "ustr-semworker*", "*r",
         ])).prop_map(|(op, p)| format!("comm {op} \"{p}\"")),
         1 => Just("args == 0".to_string()),
+        // The STACKTRACE pseudo field: every predicate on it is the kernel's no-op.
+        1 => (prop::sample::select(vec!["==", "!=", "<", ">=", "&"]), prop::sample::select(vec!["stacktrace", "STACKTRACE"]), 0u8..3)
+            .prop_map(|(op, f, v)| format!("{f} {op} {v}")),
     ]
 }
 
@@ -157,6 +160,12 @@ fn evaluation_agrees_with_the_kernel() {
         "CPU == 0",
         "CPU & CPUS{0}",
         "args != 0",
+        "stacktrace == 0",
+        "stacktrace != 0",
+        "!(stacktrace == 1)",
+        "STACKTRACE & 1 || id == 39",
+        "stacktrace < 1 || !(stacktrace >= 0 && id == 24)",
+        "stacktrace.ustring != 5",
     ]
     .iter()
     .map(|s| s.to_string())

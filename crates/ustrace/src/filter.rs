@@ -4,10 +4,9 @@
 //! runs on the record without a lock or an allocation. This module binds programs to event
 //! files, keeps the text each `filter` file shows, and logs errors as the kernel does.
 //!
-//! One deliberate difference from the kernel: when a filter write is rejected, the kernel
-//! drops the event's filter (every event passes from then on — checked on 6.18) and shows
-//! the error. We keep the previous filter in force and show the error, so a typo cannot
-//! silently flood the buffer.
+//! A rejected write removes the event's filter, as the kernel's does (checked on 6.18 with
+//! recorded events): every event passes from then on, and the file shows the error. Only a
+//! write of a page or more is refused before anything changes.
 
 use std::sync::Arc;
 
@@ -70,16 +69,14 @@ pub fn compile_for(instance: &Instance, event: &Event, text: &str) -> Result<Com
 
 fn log(instance: &Instance, error: &ustrace_filter::FilterError, text: &str) {
     // The kernel logs every parse failure (one without a known kind as `error: Error`,
-    // caret at 0), except a write too long to take at all.
+    // caret at 0), except a write too long to take at all. The entry's command is the text
+    // as the kernel keeps it (up to a NUL, trailing blanks removed), which the filter crate
+    // knows.
     if error.is_write_too_long() {
         return;
     }
-    let (location, _) = error.error_log_entry(text);
-    let location = location
-        .split(": error:")
-        .next()
-        .unwrap_or("event filter parse error");
-    instance.log_error(location.trim(), error.message(), text, error.position());
+    let (first, rest) = error.error_log_entry(text);
+    instance.log_error_text(&format!("{first}\n{rest}\n"));
 }
 
 thread_local! {
@@ -168,24 +165,25 @@ pub fn text(file: &EventFile) -> String {
         .unwrap_or_else(|| NONE.into())
 }
 
-/// Applies one write to an event's `filter` file.
+/// Applies one write to an event's `filter` file. `text` is the whole write, untrimmed:
+/// its length decides whether it is taken at all.
 pub fn write_event(instance: &Instance, file: &EventFile, text: &str) -> Result<(), Errno> {
     if ustrace_filter::is_clear(text) {
         file.set_filter(None, None);
         return Ok(());
     }
-    let expr = text.trim_end();
-    match compile(&file.event, expr) {
+    match compile(&file.event, text) {
         Ok(program) => {
             let shown = format!("{}\n", program.text());
             file.set_filter(Some(Compiled::new(program)), Some(shown));
             Ok(())
         }
+        // Refused on its size: the filter, its text and the log stay as they were.
+        Err(error) if error.is_write_too_long() => Err(Errno(error.errno())),
         Err(error) => {
-            log(instance, &error, expr);
-            // The previous program stays in force (see the module docs); the file shows why
-            // the write failed.
-            file.set_filter_text(Some(error.filter_file_text(expr)));
+            log(instance, &error, text);
+            // The previous program goes too (see the module docs); the file shows why.
+            file.set_filter(None, Some(error.filter_file_text(text)));
             Err(Errno(error.errno()))
         }
     }
@@ -197,21 +195,17 @@ pub fn system_text(instance: &Instance, system: &str) -> String {
     format!("{SYSTEM_HEADER}{}", shown.unwrap_or_else(|| NONE.into()))
 }
 
-/// The kernel's message for an event that could not take a subsystem filter.
-const BAD_SUBSYS: &str = "Couldn't find or set field in one of a subsystem's events";
-
-/// What the `filter` file of an event that could not take a subsystem filter shows (the
-/// caret of a subsystem error is always at the start, as on the kernel).
-fn subsystem_error_text(expr: &str) -> String {
-    format!("{expr}\n^\nparse_error: {BAD_SUBSYS}\n\n")
-}
-
-/// Applies one write to `events/SYS/filter` (events.rst 5.4): each event of the system that
-/// has the fields takes the filter; the others keep their own program and show why not.
+/// Applies one write to `events/SYS/filter` (events.rst 5.4), `text` untrimmed: each event
+/// of the system that has the fields takes the filter; each other one loses its own (it is
+/// unfiltered, as on the kernel) and shows why not.
 pub fn write_system(instance: &Instance, system: &str, text: &str) -> Result<(), Errno> {
     let files = instance.files_of(Some(system));
     if files.is_empty() {
         return Err(Errno::ENODEV);
+    }
+    // A write of a page or more is refused before any event is touched.
+    if text.len() >= ustrace_filter::MAX_WRITE {
+        return Err(Errno::EINVAL);
     }
     if ustrace_filter::is_clear(text) {
         for file in &files {
@@ -220,16 +214,16 @@ pub fn write_system(instance: &Instance, system: &str, text: &str) -> Result<(),
         instance.set_system_filter_text(system, None);
         return Ok(());
     }
-    let expr = text.trim_end();
     for file in &files {
-        match compile(&file.event, expr) {
+        match compile(&file.event, text) {
             Ok(program) => {
                 let shown = format!("{}\n", program.text());
                 file.set_filter(Some(Compiled::new(program)), Some(shown));
             }
-            Err(_) => {
-                file.set_filter_text(Some(subsystem_error_text(expr)));
-                instance.log_error("event filter parse error", BAD_SUBSYS, expr, 0);
+            Err(error) => {
+                let error = error.for_subsystem();
+                log(instance, &error, text);
+                file.set_filter(None, Some(error.filter_file_text(text)));
             }
         }
     }

@@ -524,9 +524,11 @@ impl Instance {
     }
 
     /// Appends an entry in the kernel's `tracing_log_err` layout: a location, the message,
-    /// the command, and a caret under byte `pos` of the command.
+    /// the command, and a caret under byte `pos` of the command. The command ends at its
+    /// first NUL, as the kernel's C string does.
     pub fn log_error(&self, location: &str, message: &str, command: &str, pos: usize) {
         const PREFIX: &str = "  Command: ";
+        let command = command.split('\0').next().unwrap_or("");
         self.log_error_text(&format!(
             "{location}: error: {message}\n{PREFIX}{command}\n{}^\n",
             " ".repeat(pos + PREFIX.len())

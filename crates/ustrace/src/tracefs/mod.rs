@@ -441,7 +441,8 @@ fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
         File::SystemFilter(instance, system) => rw(
             crate::filter::system_text(&instance, &system),
             Box::new(move |data| {
-                crate::filter::write_system(&instance, &system, text_arg(data)?)?;
+                let text = std::str::from_utf8(data).map_err(|_| Errno::EINVAL)?;
+                crate::filter::write_system(&instance, &system, text)?;
                 Ok(data.len())
             }),
         ),
