@@ -435,6 +435,9 @@ fn record_the_same(both: &Both) {
     let id = libc::SYS_getppid as isize;
     sys_enter::trace(id, args[0], args[1], args[2], args[3], args[4], args[5]);
     sys_exit::trace(id, ret as isize);
+    // The kernel saves a task's comm at a context switch while events are on (until then its
+    // lines say `<...>`): sleep so that this thread is switched out with them on.
+    std::thread::sleep(std::time::Duration::from_millis(2));
     both.write("events/raw_syscalls/enable", "0");
     both.write("trace_marker", "after the events");
 }
