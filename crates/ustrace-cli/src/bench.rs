@@ -1,19 +1,29 @@
 //! `ustrace bench`: what each hot path costs on this machine.
 //!
 //! Every figure is the median of several repetitions of a timed loop, reported as ns per
-//! operation and as a ratio to an uninstrumented loop measured in the same run. The loops
-//! are written so the instrumented one differs from its baseline only by the operation.
+//! operation beside a baseline: the same loop with the operation taken out, timed in the same
+//! run and named in the output (`"baseline"` in the JSON):
+//! - `add_loop`: `acc = acc.wrapping_add(black_box(i))` per iteration. The tracepoint, event,
+//!   filter, soft-disabled and eprobe loops are this loop plus one tracepoint call.
+//! - `call_loop`: an unprobed call of the `#[inline(never)]` function the fprobe figures probe.
+//! - `index_loop`: `black_box(i)` per iteration. The ring-buffer loop is this loop plus one
+//!   reserve/copy/commit, the clock loop this loop plus one clock read.
+//! - `index_loop_2threads`: two threads running `index_loop`, started and joined as the two
+//!   ring-buffer writers are, so thread start-up is in both.
 //!
-//! JSON names are an interface: `tracepoint_off`, `tracepoint_noop_probe`, `event_3ints`,
-//! `event_string16`, `event_soft_disabled`, `filter_reject_3preds`, `ring_buffer_write_32b`,
-//! `ring_buffer_write_32b_2threads` (which adds `scaling`), `fprobe_entry`,
-//! `fprobe_entry_exit`, `fprobe_event_2args` and `eprobe_on_event`. The fprobe figures use
-//! an uninstrumented call of the same `#[inline(never)]` function as their baseline.
-//! `clock_local_read` is the default trace clock alone (a TSC read scaled to ns): every
-//! event write pays it, so it is the floor under `ring_buffer_write_32b` on this machine.
+//! Only completed operations count. After each loop the bench checks that every operation
+//! did its work: the buffer recorded exactly one event per call where one is expected (none
+//! where a filter or soft-disable should stop it) and lost none, every reservation was granted,
+//! no fprobe call was missed, every writer thread finished, every probe came off. Otherwise the
+//! bench fails with the reason instead of reporting a figure for work that did not happen.
+//!
+//! JSON names are an interface: [`NAMES`]; `ring_buffer_write_32b_2threads` adds `scaling`.
+//! `--filter` takes one of them or a glob over them (`fprobe*`); a filter that matches no name
+//! is an error. `clock_local_read` is the default trace clock alone (a TSC read scaled to ns):
+//! every event write pays it, so it is the floor under `ring_buffer_write_32b`.
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,18 +31,36 @@ use ustrace::trace::tracing;
 use ustrace::{FileSystem, OpenFlags};
 use ustrace_ringbuf::{clock::Clock, Config, RingBuffer};
 
+/// Every figure the bench reports, in the order it reports them.
+pub const NAMES: [&str; 14] = [
+    "tracepoint_off",
+    "tracepoint_off_load",
+    "tracepoint_noop_probe",
+    "event_3ints",
+    "filter_reject_3preds",
+    "event_string16",
+    "event_soft_disabled",
+    "fprobe_entry",
+    "fprobe_entry_exit",
+    "fprobe_event_2args",
+    "eprobe_on_event",
+    "ring_buffer_write_32b",
+    "ring_buffer_write_32b_2threads",
+    "clock_local_read",
+];
+
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Operations per timed repetition.
+    /// Operations per timed repetition (at least 1000).
     #[arg(long, default_value_t = 2_000_000)]
     pub iterations: u64,
     /// Repetitions per figure (the median is reported).
     #[arg(long, default_value_t = 7)]
     pub repetitions: usize,
-    /// Run only the benchmarks whose name contains this text.
+    /// Run only the figure of this name, or those a glob matches (`fprobe*`).
     #[arg(long)]
     pub filter: Option<String>,
 }
@@ -64,8 +92,40 @@ ustrace::trace_event! {
 struct Figure {
     name: &'static str,
     ns_per_op: f64,
+    baseline: &'static str,
     baseline_ns_per_op: f64,
     extra: Option<(&'static str, f64)>,
+}
+
+/// `*` any run of characters, `?` any one character, everything else itself.
+fn glob(pattern: &[u8], name: &[u8]) -> bool {
+    match (pattern.split_first(), name.split_first()) {
+        (None, None) => true,
+        (Some((b'*', rest)), _) => {
+            glob(rest, name) || name.split_first().is_some_and(|(_, n)| glob(pattern, n))
+        }
+        (Some((p, rest)), Some((c, n))) if *p == b'?' || p == c => glob(rest, n),
+        _ => false,
+    }
+}
+
+/// The figures `--filter` asks for; all of them without one.
+fn select(filter: Option<&str>) -> Result<Vec<&'static str>, String> {
+    let Some(filter) = filter else {
+        return Ok(NAMES.to_vec());
+    };
+    let picked: Vec<_> = NAMES
+        .iter()
+        .copied()
+        .filter(|name| glob(filter.as_bytes(), name.as_bytes()))
+        .collect();
+    if picked.is_empty() {
+        return Err(format!(
+            "no benchmark is named {filter:?} (a name or a glob such as 'fprobe*'); the names are:\n  {}",
+            NAMES.join("\n  ")
+        ));
+    }
+    Ok(picked)
 }
 
 fn median(mut samples: Vec<f64>) -> f64 {
@@ -73,21 +133,88 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples[samples.len() / 2]
 }
 
-/// Times `body(iterations)` `reps` times; returns the median ns per iteration.
-fn time_per_op(iterations: u64, reps: usize, mut body: impl FnMut(u64)) -> f64 {
-    body(iterations / 10 + 1); // warm caches, fault in buffer pages
-    let samples = (0..reps)
-        .map(|_| {
-            let start = Instant::now();
-            body(iterations);
-            start.elapsed().as_nanos() as f64 / iterations as f64
-        })
-        .collect();
-    median(samples)
+/// A timed loop's result: the median ns per iteration, and how many iterations ran in all
+/// (warm-up included), which is what the loop's effects are checked against.
+struct Timing {
+    ns_per_op: f64,
+    ops: u64,
 }
 
+/// Times `body(iterations)` `reps` times, after one shorter warm-up run (caches, buffer
+/// pages). `body` fails when an operation did not complete.
+fn time_per_op(
+    iterations: u64,
+    reps: usize,
+    mut body: impl FnMut(u64) -> Result<(), String>,
+) -> Result<Timing, String> {
+    let warm = iterations / 10 + 1;
+    body(warm)?;
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = Instant::now();
+        body(iterations)?;
+        samples.push(start.elapsed().as_nanos() as f64 / iterations as f64);
+    }
+    Ok(Timing {
+        ns_per_op: median(samples),
+        ops: warm + iterations * reps as u64,
+    })
+}
+
+/// A loop that cannot fail, for [`time_per_op`].
+fn infallible(body: impl Fn(u64)) -> impl FnMut(u64) -> Result<(), String> {
+    move |n| {
+        body(n);
+        Ok(())
+    }
+}
+
+/// Events a buffer has recorded, and events it lost (dropped, or overrun while committing),
+/// over all its CPUs.
+fn tally(buffer: &RingBuffer) -> (u64, u64) {
+    (0..buffer.nr_cpus())
+        .map(|cpu| buffer.stats(cpu))
+        .fold((0, 0), |(written, lost), s| {
+            (
+                written + s.written,
+                lost + s.dropped_events + s.commit_overrun,
+            )
+        })
+}
+
+/// [`time_per_op`], then a check that `buffer` recorded exactly `per_op` events for each
+/// operation and lost none.
+fn time_recorded(
+    name: &str,
+    buffer: &RingBuffer,
+    per_op: u64,
+    iterations: u64,
+    reps: usize,
+    body: impl FnMut(u64) -> Result<(), String>,
+) -> Result<f64, String> {
+    let before = tally(buffer);
+    let timing = time_per_op(iterations, reps, body)?;
+    let after = tally(buffer);
+    let (written, lost) = (after.0 - before.0, after.1 - before.1);
+    if lost != 0 {
+        return Err(format!(
+            "{name}: the buffer lost {lost} events in {} operations",
+            timing.ops
+        ));
+    }
+    if written != per_op * timing.ops {
+        return Err(format!(
+            "{name}: {written} events recorded for {} operations, expected {}",
+            timing.ops,
+            per_op * timing.ops
+        ));
+    }
+    Ok(timing.ns_per_op)
+}
+
+/// The `add_loop` baseline.
 #[inline(never)]
-fn baseline_loop(n: u64) {
+fn add_loop(n: u64) {
     let mut acc = 0u64;
     for i in 0..n {
         acc = acc.wrapping_add(black_box(i));
@@ -181,6 +308,14 @@ fn ring_buffer(name: &str) -> Result<RingBuffer, String> {
     .map_err(|e| format!("ring buffer: {e}"))
 }
 
+/// The `index_loop` baseline.
+#[inline(never)]
+fn index_loop(n: u64) {
+    for i in 0..n {
+        black_box(i);
+    }
+}
+
 #[inline(never)]
 fn clock_loop(n: u64) {
     for _ in 0..n {
@@ -188,269 +323,467 @@ fn clock_loop(n: u64) {
     }
 }
 
+/// Writes `n` 32-byte events; returns how many reservations were refused.
 #[inline(never)]
-fn ring_loop(buffer: &RingBuffer, n: u64) {
+fn ring_loop(buffer: &RingBuffer, n: u64) -> u64 {
+    let mut refused = 0;
     for i in 0..n {
-        if let Some(mut slot) = buffer.reserve(32) {
-            slot[..8].copy_from_slice(&i.to_ne_bytes());
-            slot.commit();
+        match buffer.reserve(32) {
+            Some(mut slot) => {
+                slot[..8].copy_from_slice(&i.to_ne_bytes());
+                slot.commit();
+            }
+            None => refused += 1,
         }
+    }
+    refused
+}
+
+/// [`ring_loop`] for [`time_per_op`]: a refused reservation fails the figure.
+fn ring_writes(buffer: &RingBuffer) -> impl FnMut(u64) -> Result<(), String> + '_ {
+    move |n| match ring_loop(buffer, n) {
+        0 => Ok(()),
+        refused => Err(format!(
+            "ring_buffer_write_32b: {refused} of {n} reservations refused"
+        )),
     }
 }
 
-/// Two writers, each pinned by the scheduler as it likes; returns ns per event per thread.
-fn ring_two_threads(buffer: &Arc<RingBuffer>, n: u64) -> f64 {
+/// Two threads each run `work(n)` (which returns its failed operations) from a common start;
+/// returns ns per operation of the pair. A thread that panics or fails an operation fails
+/// the measurement.
+fn two_threads(work: impl Fn(u64) -> u64 + Clone + Send + 'static, n: u64) -> Result<f64, String> {
     let go = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
     let threads: Vec<_> = (0..2)
         .map(|_| {
-            let (buffer, go, done) = (buffer.clone(), go.clone(), done.clone());
+            let (work, go) = (work.clone(), go.clone());
             std::thread::spawn(move || {
                 while !go.load(Ordering::Acquire) {
                     std::hint::spin_loop();
                 }
-                ring_loop(&buffer, n);
-                done.fetch_add(1, Ordering::Release);
+                work(n)
             })
         })
         .collect();
     let start = Instant::now();
     go.store(true, Ordering::Release);
+    let mut failed = 0;
+    let mut panicked = 0;
     for t in threads {
-        let _ = t.join();
+        match t.join() {
+            Ok(f) => failed += f,
+            Err(_) => panicked += 1,
+        }
     }
-    // Two threads did 2n events in this time: ns per event of the pair.
-    start.elapsed().as_nanos() as f64 / (2 * n) as f64
+    let elapsed = start.elapsed();
+    if panicked != 0 {
+        return Err(format!("{panicked} of 2 writer threads panicked"));
+    }
+    if failed != 0 {
+        return Err(format!("{failed} of {} operations failed", 2 * n));
+    }
+    // Two threads did 2n operations in this time: ns per operation of the pair.
+    Ok(elapsed.as_nanos() as f64 / (2 * n) as f64)
+}
+
+/// The figures of `ring_buffer_write_32b` (one writer) and `_2threads` (two), with every
+/// event checked to be recorded.
+fn ring_figures(buffer: &Arc<RingBuffer>, n: u64, reps: usize) -> Result<(f64, f64), String> {
+    let one = time_recorded(
+        "ring_buffer_write_32b",
+        buffer,
+        1,
+        n,
+        reps,
+        ring_writes(buffer),
+    )?;
+    let before = tally(buffer);
+    let mut samples = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let b = buffer.clone();
+        samples.push(
+            two_threads(move |k| ring_loop(&b, k), n)
+                .map_err(|e| format!("ring_buffer_write_32b_2threads: {e}"))?,
+        );
+    }
+    let after = tally(buffer);
+    let expected = 2 * n * reps as u64;
+    if after.0 - before.0 != expected || after.1 != before.1 {
+        return Err(format!(
+            "ring_buffer_write_32b_2threads: {} events recorded and {} lost, expected {expected} and 0",
+            after.0 - before.0,
+            after.1 - before.1
+        ));
+    }
+    Ok((one, median(samples)))
+}
+
+/// Baselines, each timed once, the first time a figure needs it.
+struct Baselines {
+    n: u64,
+    reps: usize,
+    timed: Vec<(&'static str, f64)>,
+}
+
+impl Baselines {
+    fn get(&mut self, name: &'static str) -> Result<f64, String> {
+        if let Some(&(_, ns)) = self.timed.iter().find(|(b, _)| *b == name) {
+            return Ok(ns);
+        }
+        let ns = match name {
+            "add_loop" => time_per_op(self.n, self.reps, infallible(add_loop))?.ns_per_op,
+            "call_loop" => time_per_op(self.n, self.reps, infallible(call_loop))?.ns_per_op,
+            "index_loop" => time_per_op(self.n, self.reps, infallible(index_loop))?.ns_per_op,
+            "index_loop_2threads" => {
+                let mut samples = Vec::with_capacity(self.reps);
+                for _ in 0..self.reps {
+                    samples.push(two_threads(
+                        |k| {
+                            index_loop(k);
+                            0
+                        },
+                        self.n,
+                    )?);
+                }
+                median(samples)
+            }
+            other => return Err(format!("no baseline named {other}")),
+        };
+        self.timed.push((name, ns));
+        Ok(ns)
+    }
 }
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
     let n = args.iterations.max(1000);
     let reps = args.repetitions.max(1);
-    let wanted = |name: &str| args.filter.as_deref().is_none_or(|f| name.contains(f));
+    let selected = select(args.filter.as_deref())?;
+    let wanted = |name: &str| selected.contains(&name);
+    let mut baselines = Baselines {
+        n,
+        reps,
+        timed: Vec::new(),
+    };
     let mut figures = Vec::new();
-    let baseline = time_per_op(n, reps, baseline_loop);
+    let mut push = |name: &'static str, ns_per_op: f64, baseline: &'static str, extra| {
+        figures.push((name, ns_per_op, baseline, extra));
+    };
 
     if wanted("tracepoint_off") {
-        figures.push(Figure {
-            name: "tracepoint_off",
-            ns_per_op: time_per_op(n, reps, tracepoint_loop),
-            baseline_ns_per_op: baseline,
-            extra: None,
-        });
-        figures.push(Figure {
-            name: "tracepoint_off_load",
-            ns_per_op: time_per_op(n, reps, tracepoint_checked_loop),
-            baseline_ns_per_op: baseline,
-            extra: None,
-        });
+        let t = time_per_op(n, reps, infallible(tracepoint_loop))?;
+        push("tracepoint_off", t.ns_per_op, "add_loop", None);
+    }
+    if wanted("tracepoint_off_load") {
+        let t = time_per_op(n, reps, infallible(tracepoint_checked_loop))?;
+        push("tracepoint_off_load", t.ns_per_op, "add_loop", None);
     }
     if wanted("tracepoint_noop_probe") {
         let id = bench_tp::register(0, |a, b, c| {
             black_box((a, b, c));
         });
-        figures.push(Figure {
-            name: "tracepoint_noop_probe",
-            ns_per_op: time_per_op(n, reps, tracepoint_loop),
-            baseline_ns_per_op: baseline,
-            extra: None,
-        });
-        let _ = bench_tp::TRACEPOINT.unregister(id);
+        let t = time_per_op(n, reps, infallible(tracepoint_loop));
+        bench_tp::TRACEPOINT
+            .unregister(id)
+            .map_err(|e| format!("tracepoint_noop_probe: unregister: {e:?}"))?;
         ustrace::tracepoint::synchronize_unregister();
+        push("tracepoint_noop_probe", t?.ns_per_op, "add_loop", None);
     }
 
-    // Events record into an instance of their own, so the bench leaves the top one alone.
-    let instance = "ustrace-bench";
-    let _ = tracing().remove_instance(instance);
-    tracing()
-        .create_instance(instance)
-        .map_err(|e| format!("mkdir instances/{instance}: {e}"))?;
-    let path = |p: &str| format!("instances/{instance}/{p}");
-    set(&path("buffer_size_kb"), "4096\n")?;
-    if wanted("event_3ints") {
-        set(&path("events/ustrace_bench/ints3/enable"), "1\n")?;
-        figures.push(Figure {
-            name: "event_3ints",
-            ns_per_op: time_per_op(n, reps, ints3_loop),
-            baseline_ns_per_op: baseline,
-            extra: None,
-        });
-        set(&path("events/ustrace_bench/ints3/enable"), "0\n")?;
-    }
-    if wanted("filter_reject_3preds") {
-        // Three predicates, all evaluated: the first two pass, the third rejects.
-        set(
-            &path("events/ustrace_bench/ints3/filter"),
-            "a != 1 && b != 1 && c == 99\n",
-        )?;
-        set(&path("events/ustrace_bench/ints3/enable"), "1\n")?;
-        figures.push(Figure {
-            name: "filter_reject_3preds",
-            ns_per_op: time_per_op(n, reps, ints3_loop),
-            baseline_ns_per_op: baseline,
-            extra: None,
-        });
-        set(&path("events/ustrace_bench/ints3/enable"), "0\n")?;
-        set(&path("events/ustrace_bench/ints3/filter"), "0\n")?;
-    }
-    if wanted("event_string16") {
-        set(&path("events/ustrace_bench/string16/enable"), "1\n")?;
-        figures.push(Figure {
-            name: "event_string16",
-            ns_per_op: time_per_op(n, reps, string16_loop),
-            baseline_ns_per_op: baseline,
-            extra: None,
-        });
-        set(&path("events/ustrace_bench/string16/enable"), "0\n")?;
-    }
-    if wanted("event_soft_disabled") {
+    let instance_figures = [
+        "event_3ints",
+        "filter_reject_3preds",
+        "event_string16",
+        "event_soft_disabled",
+        "fprobe_event_2args",
+        "eprobe_on_event",
+    ];
+    if instance_figures.iter().any(|f| wanted(f)) {
+        // Events record into an instance of their own, so the bench leaves the top one alone.
+        let instance = "ustrace-bench";
+        let _ = tracing().remove_instance(instance);
+        tracing()
+            .create_instance(instance)
+            .map_err(|e| format!("mkdir instances/{instance}: {e}"))?;
         let inst = tracing()
             .instance(instance)
             .ok_or("bench instance vanished")?;
-        let id = ustrace::event::registry()
-            .find("ustrace_bench", "ints3")
-            .ok_or("bench event missing")?
-            .id;
-        let file = inst.file(id).ok_or("bench event file missing")?;
-        file.soft_mode_get()
-            .map_err(|e| format!("soft mode: {e}"))?;
-        figures.push(Figure {
-            name: "event_soft_disabled",
-            ns_per_op: time_per_op(n, reps, ints3_loop),
-            baseline_ns_per_op: baseline,
-            extra: None,
-        });
-        file.soft_mode_put();
+        let buffer = inst.buffer();
+        let path = |p: &str| format!("instances/{instance}/{p}");
+        set(&path("buffer_size_kb"), "4096\n")?;
+        if wanted("event_3ints") {
+            set(&path("events/ustrace_bench/ints3/enable"), "1\n")?;
+            let ns = time_recorded("event_3ints", buffer, 1, n, reps, infallible(ints3_loop))?;
+            set(&path("events/ustrace_bench/ints3/enable"), "0\n")?;
+            push("event_3ints", ns, "add_loop", None);
+        }
+        if wanted("filter_reject_3preds") {
+            // Three predicates, all evaluated: the first two pass, the third rejects.
+            set(
+                &path("events/ustrace_bench/ints3/filter"),
+                "a != 1 && b != 1 && c == 99\n",
+            )?;
+            set(&path("events/ustrace_bench/ints3/enable"), "1\n")?;
+            let ns = time_recorded(
+                "filter_reject_3preds",
+                buffer,
+                0,
+                n,
+                reps,
+                infallible(ints3_loop),
+            )?;
+            set(&path("events/ustrace_bench/ints3/enable"), "0\n")?;
+            set(&path("events/ustrace_bench/ints3/filter"), "0\n")?;
+            push("filter_reject_3preds", ns, "add_loop", None);
+        }
+        if wanted("event_string16") {
+            set(&path("events/ustrace_bench/string16/enable"), "1\n")?;
+            let ns = time_recorded(
+                "event_string16",
+                buffer,
+                1,
+                n,
+                reps,
+                infallible(string16_loop),
+            )?;
+            set(&path("events/ustrace_bench/string16/enable"), "0\n")?;
+            push("event_string16", ns, "add_loop", None);
+        }
+        if wanted("event_soft_disabled") {
+            let id = ustrace::event::registry()
+                .find("ustrace_bench", "ints3")
+                .ok_or("bench event missing")?
+                .id;
+            let file = inst.file(id).ok_or("bench event file missing")?;
+            file.soft_mode_get()
+                .map_err(|e| format!("soft mode: {e}"))?;
+            let ns = time_recorded(
+                "event_soft_disabled",
+                buffer,
+                0,
+                n,
+                reps,
+                infallible(ints3_loop),
+            );
+            file.soft_mode_put();
+            push("event_soft_disabled", ns?, "add_loop", None);
+        }
+        if wanted("fprobe_event_2args") {
+            append(
+                "dynamic_events",
+                "f:ustrace_bench/fprobe2 ustrace_bench_target a=$arg1 b=$arg2\n",
+            )?;
+            set(&path("events/ustrace_bench/fprobe2/enable"), "1\n")?;
+            let ns = time_recorded(
+                "fprobe_event_2args",
+                buffer,
+                1,
+                n,
+                reps,
+                infallible(call_loop),
+            )?;
+            set(&path("events/ustrace_bench/fprobe2/enable"), "0\n")?;
+            append("dynamic_events", "-:ustrace_bench/fprobe2\n")?;
+            push("fprobe_event_2args", ns, "call_loop", None);
+        }
+        if wanted("eprobe_on_event") {
+            append(
+                "dynamic_events",
+                "e:ustrace_bench/derived ustrace_bench.ints3 a=$a:u64 c=$c:u64\n",
+            )?;
+            set(&path("events/ustrace_bench/derived/enable"), "1\n")?;
+            let ns = time_recorded(
+                "eprobe_on_event",
+                buffer,
+                1,
+                n,
+                reps,
+                infallible(ints3_loop),
+            )?;
+            set(&path("events/ustrace_bench/derived/enable"), "0\n")?;
+            append("dynamic_events", "-:ustrace_bench/derived\n")?;
+            push("eprobe_on_event", ns, "add_loop", None);
+        }
+        drop(inst);
+        tracing()
+            .remove_instance(instance)
+            .map_err(|e| format!("rmdir instances/{instance}: {e}"))?;
     }
-    let any_fprobe = ["fprobe_entry", "fprobe_entry_exit", "fprobe_event_2args"]
-        .iter()
-        .any(|n| wanted(n));
-    let call_baseline = if any_fprobe {
-        time_per_op(n, reps, call_loop)
-    } else {
-        0.0
-    };
-    let target = ustrace_bench_target as extern "C" fn(u64, u64) -> u64 as usize;
-    if wanted("fprobe_entry") {
-        let fp = ustrace_fprobe::Fprobe::builder()
-            .entry_handler(|_, _, _, _, _| ustrace_fprobe::EntryAction::Continue)
-            .register_ips(&[target])
-            .map_err(|e| format!("fprobe: {e}"))?;
-        figures.push(Figure {
-            name: "fprobe_entry",
-            ns_per_op: time_per_op(n, reps, call_loop),
-            baseline_ns_per_op: call_baseline,
-            extra: None,
-        });
-        fp.unregister().map_err(|e| format!("fprobe: {e}"))?;
-        let fp = ustrace_fprobe::Fprobe::builder()
-            .entry_handler(|_, _, _, _, _| ustrace_fprobe::EntryAction::Continue)
-            .exit_handler(|_, _, _, _, _| {})
-            .register_ips(&[target])
-            .map_err(|e| format!("fprobe: {e}"))?;
-        figures.push(Figure {
-            name: "fprobe_entry_exit",
-            ns_per_op: time_per_op(n, reps, call_loop),
-            baseline_ns_per_op: call_baseline,
-            extra: None,
-        });
-        fp.unregister().map_err(|e| format!("fprobe: {e}"))?;
-    }
-    if wanted("fprobe_event_2args") {
-        append(
-            "dynamic_events",
-            "f:ustrace_bench/fprobe2 ustrace_bench_target a=$arg1 b=$arg2\n",
-        )?;
-        set(&path("events/ustrace_bench/fprobe2/enable"), "1\n")?;
-        figures.push(Figure {
-            name: "fprobe_event_2args",
-            ns_per_op: time_per_op(n, reps, call_loop),
-            baseline_ns_per_op: call_baseline,
-            extra: None,
-        });
-        set(&path("events/ustrace_bench/fprobe2/enable"), "0\n")?;
-        append("dynamic_events", "-:ustrace_bench/fprobe2\n")?;
-    }
-    if wanted("eprobe_on_event") {
-        append(
-            "dynamic_events",
-            "e:ustrace_bench/derived ustrace_bench.ints3 a=$a:u64 c=$c:u64\n",
-        )?;
-        set(&path("events/ustrace_bench/derived/enable"), "1\n")?;
-        figures.push(Figure {
-            name: "eprobe_on_event",
-            ns_per_op: time_per_op(n, reps, ints3_loop),
-            baseline_ns_per_op: baseline,
-            extra: None,
-        });
-        set(&path("events/ustrace_bench/derived/enable"), "0\n")?;
-        append("dynamic_events", "-:ustrace_bench/derived\n")?;
-    }
-    let _ = tracing().remove_instance(instance);
 
-    if wanted("ring_buffer_write_32b") {
+    let target = ustrace_bench_target as extern "C" fn(u64, u64) -> u64 as usize;
+    for (name, with_exit) in [("fprobe_entry", false), ("fprobe_entry_exit", true)] {
+        if !wanted(name) {
+            continue;
+        }
+        let mut builder = ustrace_fprobe::Fprobe::builder()
+            .entry_handler(|_, _, _, _, _| ustrace_fprobe::EntryAction::Continue);
+        if with_exit {
+            builder = builder.exit_handler(|_, _, _, _, _| {});
+        }
+        let fp = builder
+            .register_ips(&[target])
+            .map_err(|e| format!("{name}: fprobe: {e}"))?;
+        let t = time_per_op(n, reps, infallible(call_loop));
+        let missed = fp.nmissed();
+        fp.unregister()
+            .map_err(|e| format!("{name}: unregister: {e}"))?;
+        let t = t?;
+        if missed != 0 {
+            return Err(format!(
+                "{name}: {missed} of {} probed calls missed their handlers",
+                t.ops
+            ));
+        }
+        push(name, t.ns_per_op, "call_loop", None);
+    }
+
+    if wanted("ring_buffer_write_32b") || wanted("ring_buffer_write_32b_2threads") {
         let buffer = Arc::new(ring_buffer("bench-ring")?);
-        let one = time_per_op(n, reps, |k| ring_loop(&buffer, k));
-        figures.push(Figure {
-            name: "ring_buffer_write_32b",
-            ns_per_op: one,
-            baseline_ns_per_op: baseline,
-            extra: None,
-        });
-        let two = median((0..reps).map(|_| ring_two_threads(&buffer, n)).collect());
-        figures.push(Figure {
-            name: "ring_buffer_write_32b_2threads",
-            ns_per_op: two,
-            baseline_ns_per_op: baseline,
+        let (one, two) = ring_figures(&buffer, n, reps)?;
+        if wanted("ring_buffer_write_32b") {
+            push("ring_buffer_write_32b", one, "index_loop", None);
+        }
+        if wanted("ring_buffer_write_32b_2threads") {
             // Throughput of two threads over one thread's: (1/two) / (1/one).
-            extra: Some(("scaling", one / two)),
-        });
+            push(
+                "ring_buffer_write_32b_2threads",
+                two,
+                "index_loop_2threads",
+                Some(("scaling", one / two)),
+            );
+        }
     }
 
     if wanted("clock_local_read") {
         ustrace_ringbuf::clock::init();
-        figures.push(Figure {
-            name: "clock_local_read",
-            ns_per_op: time_per_op(n, reps, clock_loop),
-            baseline_ns_per_op: baseline,
-            extra: None,
-        });
+        let t = time_per_op(n, reps, infallible(clock_loop))?;
+        push("clock_local_read", t.ns_per_op, "index_loop", None);
     }
 
-    if args.json {
-        for f in &figures {
+    figures.sort_by_key(|f| NAMES.iter().position(|n| *n == f.0));
+    let figures = figures
+        .into_iter()
+        .map(|(name, ns_per_op, baseline, extra)| {
+            Ok(Figure {
+                name,
+                ns_per_op,
+                baseline,
+                baseline_ns_per_op: baselines.get(baseline)?,
+                extra,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    print(&figures, args.json, reps, n);
+    Ok(())
+}
+
+fn print(figures: &[Figure], json: bool, reps: usize, n: u64) {
+    if json {
+        for f in figures {
             let extra = f
                 .extra
                 .map(|(k, v)| format!(", \"{k}\": {v:.3}"))
                 .unwrap_or_default();
             outln!(
-                "{{\"name\": \"{}\", \"ns_per_op\": {:.3}, \"baseline_ns_per_op\": {:.3}, \"ratio\": {:.3}{extra}}}",
+                "{{\"name\": \"{}\", \"ns_per_op\": {:.3}, \"baseline\": \"{}\", \"baseline_ns_per_op\": {:.3}, \"ratio\": {:.3}{extra}}}",
                 f.name,
                 f.ns_per_op,
+                f.baseline,
                 f.baseline_ns_per_op,
                 f.ns_per_op / f.baseline_ns_per_op
             );
         }
     } else {
         outln!(
-            "{:<34} {:>10} {:>12} {:>8}   (median of {reps} x {n} ops)",
+            "{:<34} {:>10} {:>12} {:>8}  {:<20} (median of {reps} x {n} ops)",
             "benchmark",
             "ns/op",
             "baseline ns",
-            "ratio"
+            "ratio",
+            "baseline"
         );
-        for f in &figures {
+        for f in figures {
             let extra = f
                 .extra
                 .map(|(k, v)| format!("  {k} {v:.2}x"))
                 .unwrap_or_default();
             outln!(
-                "{:<34} {:>10.2} {:>12.2} {:>8.2}{extra}",
+                "{:<34} {:>10.2} {:>12.2} {:>8.2}  {}{extra}",
                 f.name,
                 f.ns_per_op,
                 f.baseline_ns_per_op,
-                f.ns_per_op / f.baseline_ns_per_op
+                f.ns_per_op / f.baseline_ns_per_op,
+                f.baseline
             );
         }
     }
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_picks_names_exactly_or_by_glob() {
+        assert_eq!(select(Some("tracepoint_off")).unwrap(), ["tracepoint_off"]);
+        assert_eq!(
+            select(Some("fprobe_entry_exit")).unwrap(),
+            ["fprobe_entry_exit"]
+        );
+        assert_eq!(
+            select(Some("fprobe*")).unwrap(),
+            ["fprobe_entry", "fprobe_entry_exit", "fprobe_event_2args"]
+        );
+        assert_eq!(
+            select(Some("ring_buffer_write_32b?2threads")).unwrap(),
+            ["ring_buffer_write_32b_2threads"]
+        );
+        assert_eq!(select(Some("*")).unwrap(), NAMES);
+        assert_eq!(select(None).unwrap(), NAMES);
+        for name in NAMES {
+            assert_eq!(select(Some(name)).unwrap(), [name]);
+        }
+        let err = select(Some("fprobe")).unwrap_err();
+        assert!(err.contains("fprobe_entry_exit"), "{err}");
+    }
+
+    #[test]
+    fn a_refused_reservation_fails_the_figure() {
+        // Producer/consumer mode with nobody reading: the third page's worth of events is
+        // refused.
+        let buffer = Arc::new(
+            RingBuffer::new(Config {
+                nr_cpus: ustrace_ringbuf::cpu::possible_cpus(),
+                size_per_cpu: 8192,
+                overwrite: false,
+                clock: Clock::Local,
+                name: "bench-refusing".into(),
+            })
+            .unwrap(),
+        );
+        let err = ring_figures(&buffer, 100_000, 1).unwrap_err();
+        assert!(err.contains("reservations refused"), "{err}");
+    }
+
+    #[test]
+    fn a_panicking_writer_fails_the_measurement() {
+        let err = two_threads(|_| panic!("writer failed"), 10).unwrap_err();
+        assert!(err.contains("panicked"), "{err}");
+        let err = two_threads(|n| n, 10).unwrap_err();
+        assert!(err.contains("20 of 20 operations failed"), "{err}");
+    }
+
+    #[test]
+    fn recorded_events_are_counted_against_operations() {
+        let buffer = ring_buffer("bench-count").unwrap();
+        // One event per operation where none is expected.
+        let err = time_recorded("t", &buffer, 0, 1000, 1, ring_writes(&buffer)).unwrap_err();
+        assert!(err.contains("events recorded for"), "{err}");
+        // None where one is expected.
+        let err = time_recorded("t", &buffer, 1, 1000, 1, infallible(index_loop)).unwrap_err();
+        assert!(
+            err.contains("0 events recorded for 1101 operations"),
+            "{err}"
+        );
+        time_recorded("t", &buffer, 1, 1000, 1, ring_writes(&buffer)).unwrap();
+    }
 }

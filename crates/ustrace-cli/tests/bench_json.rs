@@ -1,11 +1,14 @@
 //! `ustrace bench --json` is an interface: every name the issues define is
-//! printed, one JSON object per line, with its figures (tiny iteration
-//! counts here: this checks the shape, never the speed).
+//! printed, one JSON object per line, with its figures and the name of its
+//! baseline loop; `--filter` picks figures by exact name or glob and refuses a
+//! filter that names nothing (tiny iteration counts here: this checks the
+//! shape and the selection, never the speed).
 
 use std::process::Command;
 
-const NAMES: [&str; 13] = [
+const NAMES: [&str; 14] = [
     "tracepoint_off",
+    "tracepoint_off_load",
     "tracepoint_noop_probe",
     "event_3ints",
     "event_string16",
@@ -57,6 +60,11 @@ fn bench_json_prints_every_named_figure() {
                 .unwrap_or_else(|_| panic!("{name}: {field} is not a number in {line}"));
             assert!(v.is_finite() && v >= 0.0, "{name}: {field}{v}");
         }
+        let baseline = baseline_of(line);
+        assert!(
+            ["add_loop", "call_loop", "index_loop", "index_loop_2threads"].contains(&baseline),
+            "{name}: baseline {baseline:?} in {line}"
+        );
         assert!(line.ends_with('}'), "{line}");
     }
     let scaling = text
@@ -64,6 +72,81 @@ fn bench_json_prints_every_named_figure() {
         .find(|l| l.contains("\"ring_buffer_write_32b_2threads\""))
         .unwrap();
     assert!(scaling.contains("\"scaling\": "), "{scaling}");
+}
+
+/// The `"baseline": "..."` of one JSON line.
+fn baseline_of(line: &str) -> &str {
+    let field = "\"baseline\": \"";
+    let at = line
+        .find(field)
+        .unwrap_or_else(|| panic!("no {field} in {line}"))
+        + field.len();
+    &line[at..at + line[at..].find('"').unwrap()]
+}
+
+fn bench_json(filter: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ustrace"))
+        .args([
+            "bench",
+            "--json",
+            "--iterations",
+            "1000",
+            "--repetitions",
+            "1",
+            "--filter",
+            filter,
+        ])
+        .output()
+        .expect("run ustrace bench")
+}
+
+fn names_printed(out: &std::process::Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let rest = l
+                .strip_prefix("{\"name\": \"")
+                .unwrap_or_else(|| panic!("not a figure: {l}"));
+            rest[..rest.find('"').unwrap()].to_string()
+        })
+        .collect()
+}
+
+/// Each name, given to `--filter`, prints that figure and no other.
+#[test]
+fn filter_by_each_name_prints_exactly_that_figure() {
+    for name in NAMES {
+        let out = bench_json(name);
+        assert!(
+            out.status.success(),
+            "--filter {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(names_printed(&out), [name], "--filter {name}");
+    }
+    let out = bench_json("fprobe*");
+    assert!(out.status.success());
+    assert_eq!(
+        names_printed(&out),
+        ["fprobe_entry", "fprobe_entry_exit", "fprobe_event_2args"]
+    );
+}
+
+/// A filter that matches nothing is a mistake to report, not an empty success.
+#[test]
+fn filter_matching_nothing_fails_and_lists_the_names() {
+    for filter in ["fprobe", "nosuch", "tracepoint_off_"] {
+        let out = bench_json(filter);
+        assert!(!out.status.success(), "--filter {filter} succeeded");
+        assert!(out.stdout.is_empty(), "--filter {filter} printed figures");
+        let err = String::from_utf8_lossy(&out.stderr);
+        for name in NAMES {
+            assert!(
+                err.contains(name),
+                "--filter {filter}: {name} not listed in {err}"
+            );
+        }
+    }
 }
 
 /// `ustrace bench | head -1` style use: the reader goes away before the

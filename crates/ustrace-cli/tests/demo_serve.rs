@@ -125,10 +125,6 @@ fn cli_ok(scratch: &Scratch, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn exists(scratch: &Scratch, pid: &str, path: &str) -> bool {
-    cli(scratch, &["ls", "-p", pid, path]).status.success()
-}
-
 #[test]
 fn the_cli_drives_the_served_demo() {
     let scratch = Scratch::new("cli");
@@ -157,15 +153,14 @@ fn the_cli_drives_the_served_demo() {
     let bad = cli(&scratch, &["write", "-p", p, "events/kv/get/enable", "abc"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("Invalid argument"));
-    if exists(&scratch, p, "events/kv/get/filter") {
-        let bad = cli(
-            &scratch,
-            &["write", "-p", p, "events/kv/get/filter", "x > 1"],
-        );
-        assert!(String::from_utf8_lossy(&bad.stderr).contains("Invalid argument"));
-    } else {
-        eprintln!("skipped: the tracefs has no events/kv/get/filter yet");
-    }
+    // The filter file is part of the interface: a bad filter is refused with EINVAL.
+    let bad = cli(
+        &scratch,
+        &["write", "-p", p, "events/kv/get/filter", "x > 1"],
+    );
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("Invalid argument"), "{err}");
 
     // Clear, let the workload run, and see its events in trace.
     cli_ok(&scratch, &["write", "-p", p, "trace", ""]);
@@ -293,13 +288,7 @@ fn the_mounted_demo_behaves_like_the_kernel_tracefs() {
     );
 
     // A bad write shows the kernel's error in the shell.
-    let target = if dir.join("events/kv/get/filter").exists() {
-        format!("echo 'x > 1' > {d}/events/kv/get/filter")
-    } else {
-        eprintln!("skipped: no filter file yet; checking a bad enable value instead");
-        format!("echo abc > {d}/events/kv/get/enable")
-    };
-    let out = sh("bash", &target);
+    let out = sh("bash", &format!("echo 'x > 1' > {d}/events/kv/get/filter"));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("write error: Invalid argument"), "{err}");

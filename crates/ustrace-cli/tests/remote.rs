@@ -1,6 +1,7 @@
 //! The `ustrace` verbs that reach another process, run as a user runs them: the real binary
 //! against a tracefs served by this test process (an in-memory one, so these tests do not
-//! depend on the workload), found through `USTRACE_SOCKET_DIR`.
+//! depend on the workload), found through `USTRACE_SOCKET_DIR`; the test of a traced process
+//! that dies runs `ustrace demo --serve` as that process.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
@@ -46,23 +47,6 @@ fn serve() -> Served {
         _handle: handle,
         sock_dir,
         root,
-    }
-}
-
-/// Not a test of its own: a serving child process for the tests that kill the traced side.
-#[test]
-fn child_serve() {
-    let Ok(dir) = std::env::var("USTRACE_CLI_TEST_CHILD_SERVE") else {
-        return;
-    };
-    let config = ServerConfig {
-        socket_dir: Some(dir.into()),
-        ..Default::default()
-    };
-    let _h = server::serve_with(Arc::new(MemFs::sample()), config).unwrap();
-    println!("ready");
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
     }
 }
 
@@ -304,15 +288,25 @@ fn mount_goes_away_when_the_traced_process_dies() {
         return;
     }
     let s = serve();
+    // The traced process is a real one that serves its tracefs: `ustrace demo --serve`.
     let child_dir = s.root.join("child-sock");
-    let mut traced = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_serve", "--nocapture", "--test-threads=1"])
-        .env("USTRACE_CLI_TEST_CHILD_SERVE", &child_dir)
-        .stdout(Stdio::piped())
+    let mut traced = Command::new(env!("CARGO_BIN_EXE_ustrace"))
+        .args(["demo", "--serve", "--workers", "1", "--rate", "100"])
+        .env("USTRACE_SOCKET_DIR", &child_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(traced.stdout.take().unwrap()).lines();
-    while !lines.next().unwrap().unwrap().trim_end().ends_with("ready") {}
+    let socket = child_dir.join(format!("{}.sock", traced.id()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(
+            traced.try_wait().unwrap().is_none(),
+            "ustrace demo --serve exited before serving"
+        );
+        assert!(Instant::now() < deadline, "ustrace demo never served");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     let dir = s.root.join("mnt");
     std::fs::create_dir(&dir).unwrap();
@@ -348,4 +342,18 @@ fn mount_goes_away_when_the_traced_process_dies() {
     std::io::Read::read_to_string(&mut mount.stderr.take().unwrap(), &mut err).unwrap();
     assert!(err.contains("went away"), "{err}");
     assert!(!mounted(&dir), "mount left behind by a dead process");
+}
+
+/// No `#[test]` here is a child role that returns at once when the harness runs it, which
+/// would count as a pass that checked nothing: child processes are real binaries.
+#[test]
+fn every_listed_test_is_a_test() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--list", "--format", "terse"])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(list.contains("ps_lists_this_process: test"), "{list}");
+    let roles: Vec<_> = list.lines().filter(|l| l.contains("child")).collect();
+    assert!(roles.is_empty(), "child roles listed as tests: {roles:?}");
 }

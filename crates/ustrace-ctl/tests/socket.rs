@@ -3,8 +3,11 @@
 
 mod common;
 
-use common::{serve_sample, spawn_child, TempDir, CHILD_ENV};
+use common::{serve_sample, TempDir};
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ustrace_ctl::client::{Client, CtlError};
@@ -20,27 +23,24 @@ fn remote_errno<T: std::fmt::Debug>(r: Result<T, CtlError>) -> Errno {
     }
 }
 
-/// Not a test of its own: the body of the child processes the tests below spawn.
-#[test]
-fn child_main() {
-    let Ok(role) = std::env::var(CHILD_ENV) else {
-        return;
-    };
-    let (what, dir) = role.split_once(':').unwrap();
-    let config = ServerConfig {
-        socket_dir: Some(dir.into()),
-        ..ServerConfig::default()
-    };
-    let handle = server::serve_with(Arc::new(MemFs::sample()), config).unwrap();
-    // Leak the handle: only the exit path may remove the socket.
-    std::mem::forget(handle);
-    println!("ready");
-    match what {
-        "serve-then-exit" => std::process::exit(0),
-        _ => loop {
-            std::thread::sleep(Duration::from_secs(1));
-        },
+/// Starts the sample server in a process of its own (the crate's `ustrace-ctl-sample-server`
+/// binary) in `role` (`serve` or `serve-then-exit`) on `dir`, and waits for its `ready`.
+fn spawn_server(role: &str, dir: &Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ustrace-ctl-sample-server"))
+        .arg(role)
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start ustrace-ctl-sample-server");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    match lines.next() {
+        Some(Ok(line)) if line == "ready" => {}
+        other => panic!("sample server ({role}) exited before it was ready: {other:?}"),
     }
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    child
 }
 
 #[test]
@@ -144,10 +144,7 @@ fn stale_socket_of_a_dead_server_is_replaced() {
 fn socket_is_removed_at_normal_exit() {
     let dir = TempDir::new("exit");
     let sock_dir = dir.path().join("u");
-    let mut child = spawn_child(
-        "child_main",
-        &format!("serve-then-exit:{}", sock_dir.display()),
-    );
+    let mut child = spawn_server("serve-then-exit", &sock_dir);
     let status = child.wait().unwrap();
     assert!(status.success());
     let left: Vec<_> = std::fs::read_dir(&sock_dir)
@@ -163,7 +160,7 @@ fn socket_is_removed_when_a_signal_kills_the_process() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         let dir = TempDir::new("signal");
         let sock_dir = dir.path().join("u");
-        let mut child = spawn_child("child_main", &format!("serve:{}", sock_dir.display()));
+        let mut child = spawn_server("serve", &sock_dir);
         let sock = sock_dir.join(format!("{}.sock", child.id()));
         assert!(sock.exists());
         // SAFETY: kill(2) on a child we spawned and have not reaped.
@@ -510,4 +507,21 @@ fn serve_connection_serves_a_socket_pair() {
     assert_eq!(fs.content("tracing_on").unwrap(), b"0");
     drop(c);
     server.join().unwrap();
+}
+
+/// The child processes are a binary of their own: no `#[test]` here is a role that returns at
+/// once when run by the harness, which would count as a pass that checked nothing.
+#[test]
+fn every_listed_test_is_a_test() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--list", "--format", "terse"])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        list.contains("socket_is_removed_at_normal_exit: test"),
+        "{list}"
+    );
+    let roles: Vec<_> = list.lines().filter(|l| l.contains("child")).collect();
+    assert!(roles.is_empty(), "child roles listed as tests: {roles:?}");
 }

@@ -74,6 +74,14 @@ fn off(c: &mut Criterion) {
 fn on(c: &mut Criterion) {
     let mut g = c.benchmark_group("event_on");
     let mut i = 0u64;
+    // The same loop body without the event, as in `event_off`: what every `event_on`
+    // figure is read against.
+    g.bench_function("baseline", |b| {
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            black_box(i)
+        })
+    });
     let _ = ustrace::tracefs().mkdir("instances/vs-tracing");
     set("instances/vs-tracing/events/bench_vs/ints3/enable", "1\n");
     g.bench_function("ustrace", |b| {
