@@ -281,6 +281,36 @@ fn latency_format_matches_the_kernels() {
         texts(&ours),
         ["tracing_mark_write: one", "tracing_mark_write: two"]
     );
+    // The long form: the same header without the legend, and the same columns.
+    t.write("options/verbose", "1\n").unwrap();
+    k.write("options/verbose", "1");
+    let ours = t.read("trace");
+    let theirs = k.read("trace");
+    assert_eq!(
+        header(&ours),
+        header(&theirs),
+        "ours:\n{ours}\nkernel:\n{theirs}"
+    );
+    let verbose_columns = |text: &str| -> Vec<String> {
+        body_lines(text)
+            .iter()
+            .map(|l| {
+                // %16s %7d %3d %d %08x %08lx [%08llx] %ld.%03ldms (+%ld.%03ldms): TEXT
+                let (context, text) = l.split_once("ms): ").expect("verbose context");
+                let words: Vec<&str> = context[16..].split_whitespace().collect();
+                assert_eq!(words.len(), 8, "{l}");
+                assert!(words[3].len() == 8 && words[4].len() == 8, "{l}");
+                assert!(words[5].starts_with('[') && words[5].ends_with(']'), "{l}");
+                assert!(
+                    words[6].ends_with("ms") && words[7].starts_with("(+"),
+                    "{l}"
+                );
+                format!("{} {text}", words[4])
+            })
+            .collect()
+    };
+    assert_eq!(verbose_columns(&ours), verbose_columns(&theirs));
+    k.write("options/verbose", "0");
     k.write("options/latency-format", "0");
 }
 
@@ -647,4 +677,156 @@ fn options_without_a_meaning_here_are_absent() {
         .map(|e| e.name)
         .collect();
     assert_eq!(listed.len(), 21, "{listed:?}");
+}
+
+/// Reads pages with libtraceevent: the stack entries' format files (ours) are parsed and
+/// each entry's fields come back as written.
+const TEP_HARNESS: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <traceevent/event-parse.h>
+#include <traceevent/kbuffer.h>
+
+static char *slurp(const char *path, long *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { perror(path); exit(2); }
+    fseek(f, 0, SEEK_END); *len = ftell(f); fseek(f, 0, SEEK_SET);
+    char *buf = malloc(*len + 1);
+    if (fread(buf, 1, *len, f) != (size_t)*len) { perror("read"); exit(2); }
+    buf[*len] = 0; fclose(f);
+    return buf;
+}
+
+int main(int argc, char **argv) {
+    long len, plen;
+    struct tep_handle *tep = tep_alloc();
+    tep_set_long_size(tep, 8);
+    tep_set_page_size(tep, 4096);
+    char *hdr = slurp(argv[1], &len);
+    if (tep_parse_header_page(tep, hdr, len, 8)) { fprintf(stderr, "header_page\n"); return 3; }
+    for (int i = 2; i <= 3; i++) {
+        char *fmt = slurp(argv[i], &len);
+        if (tep_parse_event(tep, fmt, len, "ftrace")) { fprintf(stderr, "format %s\n", argv[i]); return 3; }
+    }
+    char *pages = slurp(argv[4], &plen);
+    struct kbuffer *kbuf = kbuffer_alloc(KBUFFER_LSIZE_8, KBUFFER_ENDIAN_LITTLE);
+    for (long off = 0; off + 4096 <= plen; off += 4096) {
+        if (kbuffer_load_subbuffer(kbuf, pages + off)) { fprintf(stderr, "page\n"); return 3; }
+        unsigned long long ts;
+        for (void *data = kbuffer_read_event(kbuf, &ts); data; data = kbuffer_next_event(kbuf, NULL)) {
+            struct tep_record rec;
+            memset(&rec, 0, sizeof rec);
+            rec.ts = ts; rec.data = data; rec.size = kbuffer_event_size(kbuf);
+            struct tep_event *ev = tep_find_event(tep, tep_data_type(tep, &rec));
+            if (!ev) continue;
+            unsigned long long head = 0;
+            int flen;
+            tep_get_field_val(NULL, ev, strcmp(ev->name, "user_stack") ? "size" : "tgid", &rec, &head, 1);
+            unsigned long long *caller = tep_get_field_raw(NULL, ev, "caller", &rec, &flen, 1);
+            printf("%s %llu", ev->name, head);
+            for (int i = 0; caller && i < 8 && caller[i]; i++)
+                printf(" %llx", caller[i]);
+            printf("\n");
+        }
+    }
+    return 0;
+}
+"#;
+
+#[test]
+fn libtraceevent_reads_the_stack_entries() {
+    if !Path::new("/usr/include/traceevent/event-parse.h").exists() {
+        println!("skipped: libtraceevent headers missing (libtraceevent-dev)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ustrace-opt-tep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("h.c"), TEP_HARNESS).unwrap();
+    let built = std::process::Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(dir.join("h"))
+        .arg(dir.join("h.c"))
+        .arg("-ltraceevent")
+        .output();
+    let Ok(built) = built else {
+        println!("skipped: no C compiler");
+        return;
+    };
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    for (name, file) in [
+        ("header_page", "events/header_page"),
+        ("kernel_stack", "events/ftrace/kernel_stack/format"),
+        ("user_stack", "events/ftrace/user_stack/format"),
+    ] {
+        std::fs::write(dir.join(name), read(file).unwrap()).unwrap();
+    }
+    let t = Instance::new("opt_tep");
+    t.write("events/topt/sample/enable", "1\n").unwrap();
+    t.write("options/stacktrace", "1\n").unwrap();
+    t.write("options/userstacktrace", "1\n").unwrap();
+    let (_, cpu) = on_pinned_thread("opt-tep", None, || stack_caller_outer(9));
+    t.write("options/stacktrace", "0\n").unwrap();
+    t.write("options/userstacktrace", "0\n").unwrap();
+    t.write("options/sym-addr", "1\n").unwrap();
+    t.write("options/context-info", "0\n").unwrap();
+    // What our own reader shows, before the raw reader consumes the pages.
+    let text = t.read("trace");
+    let addrs = |header: &str| -> Vec<String> {
+        text.split(header)
+            .nth(1)
+            .unwrap()
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with(" => "))
+            .map(|l| {
+                l.rsplit_once('<')
+                    .unwrap()
+                    .1
+                    .trim_end_matches('>')
+                    .trim_start_matches('0')
+                    .to_string()
+            })
+            .collect()
+    };
+    let (kernel, user) = (addrs("<stack trace>"), addrs("<user stack trace>"));
+    let mut pages = Vec::new();
+    let mut pipe = ustrace::tracefs()
+        .open(
+            &t.path(&format!("per_cpu/cpu{cpu}/trace_pipe_raw")),
+            OpenFlags::READ,
+        )
+        .unwrap();
+    let mut page = vec![0u8; 4096];
+    while let Ok(n) = pipe.read(&mut page, Some(std::time::Duration::from_millis(50))) {
+        if n == 0 {
+            break;
+        }
+        pages.extend_from_slice(&page[..n]);
+    }
+    std::fs::write(dir.join("pages"), &pages).unwrap();
+    let out = std::process::Command::new(dir.join("h"))
+        .args(["header_page", "kernel_stack", "user_stack", "pages"].map(|f| dir.join(f)))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = String::from_utf8(out.stdout).unwrap();
+    // SAFETY: getpid has no arguments and cannot fail.
+    let pid = unsafe { libc::getpid() };
+    let expected_kernel = format!(
+        "kernel_stack {} {}",
+        kernel.len(),
+        kernel[..kernel.len().min(8)].join(" ")
+    );
+    let expected_user = format!("user_stack {pid} {}", user.join(" "));
+    assert_eq!(lines, format!("{expected_kernel}\n{expected_user}\n"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
