@@ -197,7 +197,7 @@ fn kernel_release() -> String {
 /// The `M:` of the latency header: the kernel's preemption model, `PREEMPT(mode)` as a
 /// kernel built with dynamic preemption prints it, when the mode can be learned from user
 /// space (debugfs shows the current one in brackets; else a `preempt=` boot parameter);
-/// otherwise `unknown`, which is also what the kernel prints when it cannot tell.
+/// otherwise `unknown`, the word kernels without a model name of their own print there.
 fn preemption_model() -> String {
     static MODEL: OnceLock<String> = OnceLock::new();
     MODEL
