@@ -489,9 +489,7 @@ fn record_stacks(shared: &Shared, flags: u32, pid: i32) {
         if let Some(mut slot) = shared.buffer.reserve(len) {
             let record: &mut [u8] = &mut slot;
             crate::event::field::write_common_header(record, USER_STACK_ID.0, pid);
-            // SAFETY: getpid has no arguments and cannot fail.
-            let tgid = unsafe { libc::getpid() } as u32;
-            record[8..12].copy_from_slice(&tgid.to_ne_bytes());
+            record[8..12].copy_from_slice(&process_id().to_ne_bytes());
             record[12..16].fill(0);
             for i in 0..USER_STACK_ENTRIES {
                 // Unused slots stay 0: the reader stops at the first 0, as the kernel's.
@@ -501,6 +499,29 @@ fn record_stacks(shared: &Shared, flags: u32, pid: i32) {
             slot.commit();
         }
     }
+}
+
+/// This process's id, asked of the kernel once (and again in a forked child), so that
+/// recording a user stack makes no system call.
+fn process_id() -> u32 {
+    use std::sync::atomic::AtomicU32;
+    static PID: AtomicU32 = AtomicU32::new(0);
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget_in_child() {
+        PID.store(0, Ordering::Relaxed);
+    }
+    let pid = PID.load(Ordering::Relaxed);
+    if pid != 0 {
+        return pid;
+    }
+    ATFORK.call_once(|| {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+    });
+    // SAFETY: getpid has no arguments and cannot fail.
+    let pid = unsafe { libc::getpid() } as u32;
+    PID.store(pid, Ordering::Relaxed);
+    pid
 }
 
 /// One entry of `error_log`.
