@@ -10,12 +10,13 @@
 //! else here is control: enabling, soft mode, options, instance lifetime.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use ustrace_ctl::vfs::Errno;
 use ustrace_ringbuf::{clock::Clock, Config, RingBuffer};
 
+use crate::event::registry::{STACK_ID, USER_STACK_ID};
 use crate::event::{registry, Attachment, Event, EventId};
 use crate::rcu::RcuCell;
 use crate::thread;
@@ -40,6 +41,12 @@ mod flag {
     pub const TRIGGER_COND: u32 = 1 << 5;
     /// The instance filters by thread id.
     pub const PID_FILTER: u32 = 1 << 6;
+    /// The instance's `stacktrace` option: a `kernel_stack` entry follows each record.
+    pub const STACKTRACE: u32 = 1 << 7;
+    /// The instance's `userstacktrace` option: a `user_stack` entry follows each record.
+    pub const USERSTACK: u32 = 1 << 8;
+    /// Either stack option: records take the out-of-line path, which adds the entries.
+    pub const STACKS: u32 = STACKTRACE | USERSTACK;
 }
 
 /// One event in one instance: whether it records, its filter, its triggers.
@@ -71,9 +78,56 @@ pub(crate) struct Shared {
     pub(crate) record_cmd: AtomicBool,
     pub(crate) snapshot: Mutex<Option<RingBuffer>>,
     pub(crate) pids: RcuCell<crate::filter::PidLists>,
+    /// When the buffer was last cleared, in its clock (the kernel's `time_start`): latency
+    /// timestamps count from it.
+    pub(crate) time_start: AtomicU64,
+    /// Readers of `trace` holding recording paused (`pause-on-trace`), and what
+    /// `tracing_on` says meanwhile; the mutex orders pauses and resumes.
+    paused: AtomicUsize,
+    tracing_on_while_paused: AtomicBool,
+    pause_lock: Mutex<()>,
 }
 
 impl Shared {
+    /// What `tracing_on` says: whether the buffer records, or while a `pause-on-trace`
+    /// reader holds it paused, whether it will record when the pause ends.
+    pub(crate) fn tracing_on(&self) -> bool {
+        if self.paused.load(Ordering::SeqCst) > 0 {
+            return self.tracing_on_while_paused.load(Ordering::SeqCst);
+        }
+        self.buffer.is_recording()
+    }
+
+    /// Writes `tracing_on` (the file, `traceon`/`traceoff` triggers). During a pause it
+    /// decides what the buffer does when the pause ends, as the kernel keeps `tracing_on`
+    /// apart from its stop count. Atomics only: triggers call it from the record path.
+    pub(crate) fn set_tracing_on(&self, on: bool) {
+        self.tracing_on_while_paused.store(on, Ordering::SeqCst);
+        if self.paused.load(Ordering::SeqCst) == 0 {
+            self.buffer.set_recording(on);
+        }
+    }
+
+    /// Stops recording while a `trace` reader is open (`pause-on-trace`).
+    pub(crate) fn pause(&self) {
+        let _order = self.pause_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.paused.load(Ordering::SeqCst) == 0 {
+            self.tracing_on_while_paused
+                .store(self.buffer.is_recording(), Ordering::SeqCst);
+        }
+        self.paused.fetch_add(1, Ordering::SeqCst);
+        self.buffer.set_recording(false);
+    }
+
+    /// Ends one reader's pause; the last one gives recording back as `tracing_on` says.
+    pub(crate) fn resume(&self) {
+        let _order = self.pause_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.paused.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.buffer
+                .set_recording(self.tracing_on_while_paused.load(Ordering::SeqCst));
+        }
+    }
+
     /// Whether the calling thread's events are kept out by `set_event_pid`/`_notrace_pid`.
     fn ignores_current_thread(&self) -> bool {
         let guard = crate::rcu::read_lock();
@@ -130,7 +184,8 @@ impl EventFile {
     #[inline(always)]
     pub fn record(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
         let flags = self.flags.load(Ordering::Relaxed);
-        if flags & (flag::FILTERED | flag::TRIGGER_COND | flag::SOFT_DISABLED) != 0 {
+        // The stack options share the test with the filter: off, they cost nothing here.
+        if flags & (flag::FILTERED | flag::TRIGGER_COND | flag::SOFT_DISABLED | flag::STACKS) != 0 {
             return self.record_checked(len, flags, fill);
         }
         self.record_direct(len, fill);
@@ -139,7 +194,8 @@ impl EventFile {
     /// Records for a producer that is not a probe and is never soft-disabled (`trace_marker`),
     /// running the event's triggers as a probe would.
     pub(crate) fn record_always(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
-        let mut flags = self.flags.load(Ordering::Relaxed) & !flag::SOFT_DISABLED;
+        // The kernel adds no stack entries after a `trace_marker` write.
+        let mut flags = self.flags.load(Ordering::Relaxed) & !(flag::SOFT_DISABLED | flag::STACKS);
         if flags & flag::TRIGGER_MODE != 0 {
             // The kernel runs the marker's triggers on the reserved entry, so even a
             // `traceoff` keeps the marker that fired it.
@@ -179,22 +235,24 @@ impl EventFile {
             // A signal handler tracing while this thread builds a record finds the scratch
             // buffer busy and records directly instead.
             let Ok(mut scratch) = scratch.try_borrow_mut() else {
-                return false;
+                return None;
             };
             if len > SCRATCH_SIZE {
-                return false;
+                return None;
             }
             let record = &mut scratch[..len];
             self.write_header(record, pid);
             (fill.take().expect("fill used once"))(record);
             let (keep, fired) = self.decide(flags, record);
-            if keep {
-                self.shared.buffer.write(record);
+            let kept = keep && self.shared.buffer.write(record);
+            Some((kept, fired))
+        });
+        if let Ok(Some((kept, fired))) = built {
+            // Outside the closure, so the stack starts at the same depth on both paths.
+            if kept && flags & flag::STACKS != 0 {
+                record_stacks(&self.shared, flags, pid);
             }
             crate::trigger::run_actions(self, fired);
-            true
-        });
-        if built == Ok(true) {
             return;
         }
         let Some(fill) = fill.take() else { return };
@@ -207,6 +265,9 @@ impl EventFile {
         let (keep, fired) = self.decide(flags, record);
         if keep {
             slot.commit();
+            if flags & flag::STACKS != 0 {
+                record_stacks(&self.shared, flags, pid);
+            }
         } else {
             slot.discard();
         }
@@ -357,6 +418,17 @@ impl EventFile {
         set(flag::TRIGGER_COND, conditional);
     }
 
+    /// Mirrors the instance's `stacktrace` and `userstacktrace` options into the flag word.
+    pub(crate) fn set_stack_options(&self, kernel: bool, user: bool) {
+        for (bit, on) in [(flag::STACKTRACE, kernel), (flag::USERSTACK, user)] {
+            if on {
+                self.flags.fetch_or(bit, Ordering::Relaxed);
+            } else {
+                self.flags.fetch_and(!bit, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn set_pid_filter(&self, on: bool) {
         if on {
             self.flags.fetch_or(flag::PID_FILTER, Ordering::Relaxed);
@@ -381,6 +453,75 @@ impl EventFile {
             attachment.detach();
         }
     }
+}
+
+/// Most frames a `kernel_stack` entry holds (the output prints up to this many).
+pub(crate) const MAX_STACK_ENTRIES: usize = 64;
+/// Frames a `user_stack` entry holds, as the kernel's fixed `caller[8]`.
+pub(crate) const USER_STACK_ENTRIES: usize = 8;
+
+/// Adds the entries the `stacktrace` and `userstacktrace` options ask for after a kept
+/// record, in the kernel's order (kernel stack, then user stack). Both hold the calling
+/// thread's stack from the probe that recorded the event outwards: the frames of the record
+/// path itself (this function and `record_checked`) are skipped. Addresses are stored raw
+/// and symbolized when the trace is read.
+#[cold]
+#[inline(never)]
+fn record_stacks(shared: &Shared, flags: u32, pid: i32) {
+    let mut frames = [0usize; MAX_STACK_ENTRIES];
+    // Skipped: this function and `record_checked` (both never inlined).
+    let n = ustrace_inspect::stack::capture(2, &mut frames);
+    if flags & flag::STACKTRACE != 0 {
+        let len = 16 + 8 * n;
+        if let Some(mut slot) = shared.buffer.reserve(len) {
+            let record: &mut [u8] = &mut slot;
+            crate::event::field::write_common_header(record, STACK_ID.0, pid);
+            record[8..12].copy_from_slice(&(n as i32).to_ne_bytes());
+            record[12..16].fill(0);
+            for (i, addr) in frames[..n].iter().enumerate() {
+                record[16 + 8 * i..24 + 8 * i].copy_from_slice(&(*addr as u64).to_ne_bytes());
+            }
+            slot.commit();
+        }
+    }
+    if flags & flag::USERSTACK != 0 {
+        let len = 16 + 8 * USER_STACK_ENTRIES;
+        if let Some(mut slot) = shared.buffer.reserve(len) {
+            let record: &mut [u8] = &mut slot;
+            crate::event::field::write_common_header(record, USER_STACK_ID.0, pid);
+            record[8..12].copy_from_slice(&process_id().to_ne_bytes());
+            record[12..16].fill(0);
+            for i in 0..USER_STACK_ENTRIES {
+                // Unused slots stay 0: the reader stops at the first 0, as the kernel's.
+                let addr = if i < n { frames[i] as u64 } else { 0 };
+                record[16 + 8 * i..24 + 8 * i].copy_from_slice(&addr.to_ne_bytes());
+            }
+            slot.commit();
+        }
+    }
+}
+
+/// This process's id, asked of the kernel once (and again in a forked child), so that
+/// recording a user stack makes no system call.
+fn process_id() -> u32 {
+    use std::sync::atomic::AtomicU32;
+    static PID: AtomicU32 = AtomicU32::new(0);
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget_in_child() {
+        PID.store(0, Ordering::Relaxed);
+    }
+    let pid = PID.load(Ordering::Relaxed);
+    if pid != 0 {
+        return pid;
+    }
+    ATFORK.call_once(|| {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+    });
+    // SAFETY: getpid has no arguments and cannot fail.
+    let pid = unsafe { libc::getpid() } as u32;
+    PID.store(pid, Ordering::Relaxed);
+    pid
 }
 
 /// One entry of `error_log`.
@@ -426,6 +567,10 @@ impl Instance {
             record_cmd: AtomicBool::new(true),
             snapshot: Mutex::new(None),
             pids: RcuCell::empty(),
+            time_start: AtomicU64::new(0),
+            paused: AtomicUsize::new(0),
+            tracing_on_while_paused: AtomicBool::new(true),
+            pause_lock: Mutex::new(()),
         });
         let instance = Arc::new(Instance {
             name: name.to_string(),
@@ -447,6 +592,28 @@ impl Instance {
         &self.shared.buffer
     }
 
+    /// When the buffer was last cleared (0 if never), in the buffer's clock.
+    pub fn time_start(&self) -> u64 {
+        self.shared.time_start.load(Ordering::Relaxed)
+    }
+
+    /// Clears every CPU's buffer (`echo > trace`, a new clock) and notes when, as the
+    /// kernel's `tracing_reset_online_cpus`.
+    pub fn reset_buffer(&self) {
+        let now = ustrace_ringbuf::clock::now(self.shared.buffer.clock());
+        self.shared.time_start.store(now, Ordering::Relaxed);
+        self.shared.buffer.reset();
+    }
+
+    /// Tells every event file what the `stacktrace` and `userstacktrace` options now say.
+    pub(crate) fn apply_stack_options(&self) {
+        let kernel = self.options.get("stacktrace");
+        let user = self.options.get("userstacktrace");
+        for file in self.files() {
+            file.set_stack_options(kernel, user);
+        }
+    }
+
     /// Gives this instance a file for a newly registered event.
     pub fn add_event(self: &Arc<Self>, event: Arc<Event>) {
         let pid_filter = self.shared.pids.is_set();
@@ -466,7 +633,12 @@ impl Instance {
         self.files
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(event.id, file);
+            .insert(event.id, file.clone());
+        // After the insert, so an option written meanwhile reaches this file either way.
+        file.set_stack_options(
+            self.options.get("stacktrace"),
+            self.options.get("userstacktrace"),
+        );
     }
 
     /// Drops the file of an event that is going away; it must be disabled.

@@ -252,8 +252,8 @@ pub(crate) fn evaluate(file: &EventFile, record: Option<&[u8]>) -> u64 {
 /// Count-limited triggers count only firings that change something, as the kernel's.
 fn wants_to_fire(file: &EventFile, t: &Registered) -> bool {
     match &t.trigger.command().kind {
-        Kind::TraceOn => !file.shared.buffer.is_recording(),
-        Kind::TraceOff => file.shared.buffer.is_recording(),
+        Kind::TraceOn => !file.shared.tracing_on(),
+        Kind::TraceOff => file.shared.tracing_on(),
         Kind::EnableEvent { .. } => t.target.as_ref().is_some_and(|f| f.is_soft_disabled()),
         Kind::DisableEvent { .. } => t.target.as_ref().is_some_and(|f| !f.is_soft_disabled()),
         _ => true,
@@ -283,8 +283,8 @@ fn run_fired_actions(file: &EventFile, fired: u64) {
             continue;
         }
         match &t.trigger.command().kind {
-            Kind::TraceOn => file.shared.buffer.set_recording(true),
-            Kind::TraceOff => file.shared.buffer.set_recording(false),
+            Kind::TraceOn => file.shared.set_tracing_on(true),
+            Kind::TraceOff => file.shared.set_tracing_on(false),
             Kind::Snapshot => {
                 let _ = crate::snapshot::swap(&file.shared);
             }

@@ -7,7 +7,7 @@
 use std::sync::{Arc, OnceLock, RwLock};
 
 use super::field::{common_fields, FieldDesc};
-use super::{EventClass, MarkerEvent, StackEvent, EVENTS};
+use super::{EventClass, MarkerEvent, StackEvent, UserStackEvent, EVENTS};
 use crate::output::print_fmt::PrintFmt;
 
 /// An event's id: its `common_type` in every record and its `id` file.
@@ -18,6 +18,8 @@ pub struct EventId(pub u16);
 pub const MARKER_ID: EventId = EventId(5);
 /// The id of `ftrace:kernel_stack` (what the `stacktrace` trigger records), as the kernel's.
 pub const STACK_ID: EventId = EventId(4);
+/// The id of `ftrace:user_stack` (what the `userstacktrace` option records), as the kernel's.
+pub const USER_STACK_ID: EventId = EventId(13);
 const FIRST_STATIC_ID: u16 = 1000;
 
 /// A registered event.
@@ -94,6 +96,7 @@ pub fn registry() -> &'static Registry {
         let mut events = vec![
             Event::new(STACK_ID, Arc::new(StackEvent)),
             Event::new(MARKER_ID, Arc::new(MarkerEvent)),
+            Event::new(USER_STACK_ID, Arc::new(UserStackEvent)),
         ];
         let mut statics: Vec<_> = EVENTS.iter().copied().collect();
         statics.sort_by_key(|e| (e.system, e.name));

@@ -8,18 +8,23 @@
 //! └──── %16s ────┘ └%-7d┘ [%03d] flags  %5lu.%06lu   name                text
 //! ```
 //!
-//! The options `context-info`, `irq-info`, `raw`, `hex` and `bin` change the layout as they
-//! do on the kernel; lost events print as `CPU:N [LOST M EVENTS]` before the first event
-//! that follows them.
+//! The options change the layout as they do on the kernel: `context-info`, `irq-info`,
+//! `record-tgid` (a TGID column), `latency-format` (the latency header and columns, with
+//! `verbose` their long form), `fields` (every field by its type instead of the print
+//! format), `hash-ptr` (plain `%p` hashed), `annotate` (a line where a CPU's entries start,
+//! once overwriting lost some), `raw`, `hex`, `bin`, `sym-offset`, `sym-addr`. Lost
+//! events print as `CPU:N [LOST M EVENTS]` before the first event that follows them.
 
 pub mod print_fmt;
 
 use std::fmt::Write;
+use std::sync::OnceLock;
 
 use ustrace_ringbuf::Event as RawEvent;
 
 use crate::event::field::read_int;
-use crate::event::registry::{registry, EventId, MARKER_ID, STACK_ID};
+use crate::event::registry::{registry, Event, EventId, MARKER_ID, STACK_ID, USER_STACK_ID};
+use crate::event::FieldKind;
 use crate::trace::Instance;
 
 /// A nanosecond timestamp as the kernel prints it: `SECS.USECS`, seconds right-aligned
@@ -37,8 +42,11 @@ impl std::fmt::Display for Seconds {
     }
 }
 
-/// Symbolizes addresses for `%pS`/`%ps` with the process's symbol table.
-pub struct ProcessSymbols;
+/// Symbolizes addresses for `%pS`/`%ps` with the process's symbol table, and prints a plain
+/// `%p` hashed (the `hash-ptr` option, on by default) or as is.
+pub struct ProcessSymbols {
+    pub hash_ptr: bool,
+}
 
 impl print_fmt::Symbolizer for ProcessSymbols {
     fn symbolize(&self, addr: u64, with_offset: bool) -> Option<String> {
@@ -50,6 +58,25 @@ impl print_fmt::Symbolizer for ProcessSymbols {
             symbol.name.clone()
         })
     }
+
+    fn plain_pointer(&self, addr: u64) -> String {
+        // As the kernel's `%p`: NULL and error values are not addresses and print as they
+        // are; others print as a keyed hash of 32 bits, the same for the same address while
+        // the process lives, so equal pointers can still be matched up.
+        let error_or_null = addr == 0 || addr >= (-4095i64) as u64;
+        if !self.hash_ptr || error_or_null {
+            return format!("{addr:016x}");
+        }
+        format!("{:016x}", pointer_hash(addr))
+    }
+}
+
+/// The hash `%p` prints: keyed by a random key chosen once per process (the kernel keys
+/// its hash once per boot), cut to 32 bits as the kernel does.
+fn pointer_hash(addr: u64) -> u64 {
+    use std::hash::BuildHasher;
+    static KEY: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    KEY.get_or_init(Default::default).hash_one(addr) & 0xffff_ffff
 }
 
 /// The header `trace` starts with.
@@ -60,7 +87,23 @@ pub fn trace_header(instance: &Instance) -> String {
 /// The header for `buffer` (the live one, or a snapshot) with `instance`'s options.
 pub fn header_for(instance: &Instance, buffer: &ustrace_ringbuf::RingBuffer) -> String {
     let mut out = String::from("# tracer: nop\n#\n");
-    if !instance.options.get("context-info") {
+    let options = &instance.options;
+    if !options.get("context-info") {
+        return out;
+    }
+    let verbose = options.get("verbose");
+    if options.get("latency-format") {
+        // Like the kernel, an empty buffer gets no latency header.
+        if buffer.entries() == 0 {
+            return out;
+        }
+        latency_header(buffer, &mut out);
+        if !verbose {
+            out.push_str(LATENCY_HELP);
+        }
+        return out;
+    }
+    if verbose {
         return out;
     }
     let _ = writeln!(
@@ -71,24 +114,111 @@ pub fn header_for(instance: &Instance, buffer: &ustrace_ringbuf::RingBuffer) -> 
         online_cpus()
     );
     out.push_str("#\n");
-    if instance.options.get("irq-info") {
-        out.push_str(
-            "#                                _-----=> irqs-off/BH-disabled\n\
-             #                               / _----=> need-resched\n\
-             #                              | / _---=> hardirq/softirq\n\
-             #                              || / _--=> preempt-depth\n\
-             #                              ||| / _-=> migrate-disable\n\
-             #                              |||| /     delay\n\
-             #           TASK-PID     CPU#  |||||  TIMESTAMP  FUNCTION\n\
-             #              | |         |   |||||     |         |\n",
-        );
+    let tgid = options.get("record-tgid");
+    if options.get("irq-info") {
+        // With the TGID column the flag legend moves right by its width.
+        let pad = if tgid { "          " } else { "" };
+        for legend in [
+            "                                _-----=> irqs-off/BH-disabled\n",
+            "                               / _----=> need-resched\n",
+            "                              | / _---=> hardirq/softirq\n",
+            "                              || / _--=> preempt-depth\n",
+            "                              ||| / _-=> migrate-disable\n",
+            "                              |||| /     delay\n",
+        ] {
+            out.push('#');
+            out.push_str(pad);
+            out.push_str(legend);
+        }
+        out.push_str(if tgid {
+            "#           TASK-PID       TGID    CPU#  |||||  TIMESTAMP  FUNCTION\n\
+             #              | |           |       |   |||||     |         |\n"
+        } else {
+            "#           TASK-PID     CPU#  |||||  TIMESTAMP  FUNCTION\n\
+             #              | |         |   |||||     |         |\n"
+        });
     } else {
-        out.push_str(
+        out.push_str(if tgid {
+            "#           TASK-PID       TGID    CPU#     TIMESTAMP  FUNCTION\n\
+             #              | |           |       |         |         |\n"
+        } else {
             "#           TASK-PID     CPU#     TIMESTAMP  FUNCTION\n\
-             #              | |         |         |         |\n",
-        );
+             #              | |         |         |         |\n"
+        });
     }
     out
+}
+
+/// The column legend under the latency header (left out with `verbose`), as the kernel's.
+const LATENCY_HELP: &str = "#                    _------=> CPU#            \n\
+#                   / _-----=> irqs-off/BH-disabled\n\
+#                  | / _----=> need-resched    \n\
+#                  || / _---=> hardirq/softirq \n\
+#                  ||| / _--=> preempt-depth   \n\
+#                  |||| / _-=> migrate-disable \n\
+#                  ||||| /     delay           \n\
+#  cmd     pid     |||||| time  |   caller     \n\
+#     \\   /        ||||||  \\    |    /       \n\
+";
+
+/// The kernel's latency-trace header. The figures a latency tracer would fill in (the
+/// worst latency, the task that had it) are those of the `nop` tracer: zero and empty.
+fn latency_header(buffer: &ustrace_ringbuf::RingBuffer, out: &mut String) {
+    let _ = write!(
+        out,
+        "# nop latency trace v1.1.5 on {}\n\
+         # --------------------------------------------------------------------\n\
+         # latency: 0 us, #{}/{}, CPU#0 | (M:{} VP:0, KP:0, SP:0 HP:0 #P:{})\n\
+         #    -----------------\n\
+         #    | task: -0 (uid:0 nice:0 policy:0 rt_prio:0)\n\
+         #    -----------------\n\
+         #\n",
+        kernel_release(),
+        buffer.entries(),
+        buffer.written(),
+        preemption_model(),
+        online_cpus()
+    );
+}
+
+/// The running kernel's release, which the kernel's latency header names.
+fn kernel_release() -> String {
+    // SAFETY: utsname is plain data; uname fills it or fails.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `uts` is a valid, writable utsname.
+    if unsafe { libc::uname(&mut uts) } != 0 {
+        return "unknown".into();
+    }
+    // SAFETY: uname NUL-terminates the field.
+    let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) };
+    release.to_string_lossy().into_owned()
+}
+
+/// The `M:` of the latency header: the kernel's preemption model, `PREEMPT(mode)` as a
+/// kernel built with dynamic preemption prints it, when the mode can be learned from user
+/// space (debugfs shows the current one in brackets; else a `preempt=` boot parameter);
+/// otherwise `unknown`, the word kernels without a model name of their own print there.
+fn preemption_model() -> String {
+    static MODEL: OnceLock<String> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            if let Ok(text) = std::fs::read_to_string("/sys/kernel/debug/sched/preempt") {
+                if let Some(current) = text
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix('(').and_then(|w| w.strip_suffix(')')))
+                {
+                    return format!("PREEMPT({current})");
+                }
+            }
+            std::fs::read_to_string("/proc/cmdline")
+                .ok()
+                .and_then(|line| {
+                    line.split_whitespace()
+                        .find_map(|w| w.strip_prefix("preempt=").map(str::to_owned))
+                })
+                .map_or_else(|| "unknown".to_string(), |m| format!("PREEMPT({m})"))
+        })
+        .clone()
 }
 
 /// The number of CPUs the kernel would print as `#P:`.
@@ -98,8 +228,81 @@ pub fn online_cpus() -> usize {
         .unwrap_or(1)
 }
 
+/// Where a reader is in its walk over the buffer: what the kernel keeps in its trace
+/// iterator for the latency columns and the `annotate` lines.
+pub struct Cursor {
+    /// Index of the next entry printed (the `verbose` latency column).
+    idx: u64,
+    /// Whether CPU-start annotations are printed: the `annotate` option, on a `trace`
+    /// reader of a buffer that lost events to overwriting (the kernel decides at open).
+    annotate: bool,
+    /// CPUs whose first entry has been printed.
+    started: Vec<bool>,
+    /// The buffer's `time_start`: latency timestamps count from it.
+    time_start: u64,
+}
+
+impl Cursor {
+    /// A cursor for a consuming reader (`trace_pipe`): no annotations.
+    pub fn for_pipe(instance: &Instance) -> Cursor {
+        Cursor {
+            idx: 0,
+            annotate: false,
+            started: Vec::new(),
+            time_start: instance.time_start(),
+        }
+    }
+
+    /// A cursor for the `trace` file over `buffer`.
+    pub fn for_trace(instance: &Instance, buffer: &ustrace_ringbuf::RingBuffer) -> Cursor {
+        let overruns: u64 = (0..buffer.nr_cpus())
+            .map(|cpu| buffer.stats(cpu).overrun)
+            .sum();
+        Cursor {
+            idx: 0,
+            annotate: instance.options.get("annotate") && overruns > 0,
+            started: vec![false; buffer.nr_cpus()],
+            time_start: instance.time_start(),
+        }
+    }
+}
+
+/// The whole `trace` text of `buffer` (one CPU's with `cpu`): header, then every entry.
+pub fn format_trace(
+    instance: &Instance,
+    buffer: &ustrace_ringbuf::RingBuffer,
+    cpu: Option<usize>,
+) -> String {
+    let mut out = header_for(instance, buffer);
+    let mut cursor = Cursor::for_trace(instance, buffer);
+    let mut events = match cpu {
+        Some(cpu) => buffer.iter_cpu(cpu),
+        None => buffer.iter(),
+    }
+    .peekable();
+    while let Some(event) = events.next() {
+        let next_ts = events.peek().map(|e| e.ts);
+        format_event_at(instance, &mut cursor, &event, next_ts, &mut out);
+    }
+    out
+}
+
 /// Appends the text of one event (and a lost-events line before it, if any) to `out`.
 pub fn format_event(instance: &Instance, event: &RawEvent, out: &mut String) {
+    format_event_at(instance, &mut Cursor::for_pipe(instance), event, None, out);
+}
+
+/// Appends the text of one event, `cursor` saying where the reader is and `next_ts` the
+/// timestamp of the entry that follows (the latency format prints the gap to it).
+pub fn format_event_at(
+    instance: &Instance,
+    cursor: &mut Cursor,
+    event: &RawEvent,
+    next_ts: Option<u64>,
+    out: &mut String,
+) {
+    let idx = cursor.idx;
+    cursor.idx += 1;
     if event.lost_before > 0 {
         let _ = writeln!(out, "CPU:{} [LOST {} EVENTS]", event.cpu, event.lost_before);
     }
@@ -144,20 +347,53 @@ pub fn format_event(instance: &Instance, event: &RawEvent, out: &mut String) {
         }
         return;
     }
+    if cursor.annotate && !cursor.started.get(event.cpu).copied().unwrap_or(true) {
+        cursor.started[event.cpu] = true;
+        // As the kernel's: nothing before the first entries of the trace.
+        if idx > 1 {
+            let _ = writeln!(out, "##### CPU {} buffer started ####", event.cpu);
+        }
+    }
     if options.get("context-info") {
         let comm = if pid == 0 {
             "<idle>".to_string()
         } else {
             crate::thread::comm_of(pid).unwrap_or_else(|| "<...>".to_string())
         };
-        let _ = write!(out, "{comm:>16}-{pid:<7} [{:03}] ", event.cpu);
-        if options.get("irq-info") {
-            out.push_str(".....");
+        if options.get("latency-format") {
+            latency_context(instance, cursor, idx, event, next_ts, &comm, out);
+        } else {
+            let _ = write!(out, "{comm:>16}-{pid:<7} ");
+            if options.get("record-tgid") {
+                match crate::options::tgid_of(pid) {
+                    Some(tgid) => {
+                        let _ = write!(out, "({tgid:>7}) ");
+                    }
+                    None => out.push_str("(-------) "),
+                }
+            }
+            let _ = write!(out, "[{:03}] ", event.cpu);
+            if options.get("irq-info") {
+                lat_flags(record, out);
+            }
+            if instance.buffer().clock().in_nanos() {
+                let _ = write!(out, " {}: ", Seconds(event.ts));
+            } else {
+                // Counters are not times: the kernel prints them as they are.
+                let _ = write!(out, " {:>12}: ", event.ts);
+            }
         }
-        let _ = write!(out, " {}: ", Seconds(event.ts));
+    }
+    if options.get("fields") {
+        format_fields(id, registered.as_deref(), record, out);
+        return;
     }
     if id == STACK_ID {
         render_stack(instance, record, out);
+        return;
+    }
+    if id == USER_STACK_ID {
+        render_user_stack(instance, record, out);
         return;
     }
     match registered {
@@ -170,7 +406,10 @@ pub fn format_event(instance: &Instance, event: &RawEvent, out: &mut String) {
             out.push_str(ev.class.output_name());
             out.push_str(": ");
             let start = out.len();
-            ev.display.render(record, &ProcessSymbols, out);
+            let symbols = ProcessSymbols {
+                hash_ptr: options.get("hash-ptr"),
+            };
+            ev.display.render(record, &symbols, out);
             // The kernel ends every line with exactly one newline: a marker text that
             // brought its own keeps it, others get one.
             if id != MARKER_ID || !out[start..].ends_with('\n') {
@@ -181,6 +420,219 @@ pub fn format_event(instance: &Instance, event: &RawEvent, out: &mut String) {
             let _ = writeln!(out, "Unknown type {}", id.0);
         }
     }
+}
+
+/// The five flag columns (irqs-off, need-resched, hard/softirq, preempt depth,
+/// migrate-disable) from the record's `common_flags` and `common_preempt_count`, as the
+/// kernel prints them. User-space records carry none of these states, so they print as
+/// dots; the decoding is the kernel's so the columns mean the same.
+fn lat_flags(record: &[u8], out: &mut String) {
+    const IRQS_OFF: u8 = 0x01;
+    const IRQS_NOSUPPORT: u8 = 0x02;
+    const NEED_RESCHED: u8 = 0x04;
+    const HARDIRQ: u8 = 0x08;
+    const SOFTIRQ: u8 = 0x10;
+    const PREEMPT_RESCHED: u8 = 0x20;
+    const NMI: u8 = 0x40;
+    const BH_OFF: u8 = 0x80;
+    let flags = record.get(2).copied().unwrap_or(0);
+    let preempt = record.get(3).copied().unwrap_or(0);
+    let irqs_off = match (flags & IRQS_OFF != 0, flags & BH_OFF != 0) {
+        (true, true) => 'D',
+        (true, false) => 'd',
+        (false, true) => 'b',
+        _ if flags & IRQS_NOSUPPORT != 0 => 'X',
+        _ => '.',
+    };
+    let resched = match (flags & NEED_RESCHED != 0, flags & PREEMPT_RESCHED != 0) {
+        (true, true) => 'N',
+        (true, false) => 'n',
+        (false, true) => 'p',
+        _ => '.',
+    };
+    let (nmi, hard, soft) = (flags & NMI != 0, flags & HARDIRQ != 0, flags & SOFTIRQ != 0);
+    let irq = match (nmi, hard, soft) {
+        (true, true, _) => 'Z',
+        (true, false, _) => 'z',
+        (false, true, true) => 'H',
+        (false, true, false) => 'h',
+        (false, false, true) => 's',
+        _ => '.',
+    };
+    out.push(irqs_off);
+    out.push(resched);
+    out.push(irq);
+    let depth = |v: u8| char::from_digit(u32::from(v), 16).unwrap_or('.');
+    out.push(if preempt & 0xf != 0 {
+        depth(preempt & 0xf)
+    } else {
+        '.'
+    });
+    out.push(if preempt >> 4 != 0 {
+        depth(preempt >> 4)
+    } else {
+        '.'
+    });
+}
+
+/// The context columns of the latency format (`latency-format`, with `verbose` the long
+/// form), as the kernel's: the time is counted from the buffer's start, and the gap to
+/// the next entry shows as a mark (or, verbose, as a figure).
+fn latency_context(
+    instance: &Instance,
+    cursor: &Cursor,
+    idx: u64,
+    event: &RawEvent,
+    next_ts: Option<u64>,
+    comm: &str,
+    out: &mut String,
+) {
+    let record = &event.data[..];
+    let pid = read_int(record, 4, 4, true) as i32;
+    let verbose = instance.options.get("verbose");
+    if verbose {
+        let flags = record.get(2).copied().unwrap_or(0);
+        let preempt = record.get(3).copied().unwrap_or(0) & 0xf;
+        let _ = write!(
+            out,
+            "{comm:>16} {pid:>7} {:>3} {flags} {preempt:08x} {idx:08x} ",
+            event.cpu
+        );
+    } else {
+        let short: String = comm.chars().take(8).collect();
+        let _ = write!(out, "{short:>8}-{pid:<7} {:>3}", event.cpu);
+        lat_flags(record, out);
+    }
+    let in_ns = instance.buffer().clock().in_nanos();
+    let next = next_ts.unwrap_or(event.ts);
+    let mut abs = event.ts.wrapping_sub(cursor.time_start);
+    let mut rel = next.wrapping_sub(event.ts);
+    if in_ns {
+        abs /= 1000;
+        rel /= 1000;
+    }
+    match (verbose, in_ns) {
+        (true, true) => {
+            let _ = write!(
+                out,
+                "[{:08x}] {}.{:03}ms (+{}.{:03}ms): ",
+                event.ts / 1000,
+                abs / 1000,
+                abs % 1000,
+                rel / 1000,
+                rel % 1000
+            );
+        }
+        (true, false) => {
+            let _ = write!(out, "[{:016x}] {abs} (+{rel}): ", event.ts);
+        }
+        (false, true) => {
+            let _ = write!(out, " {abs:>4}us{}: ", delay_mark(rel * 1000));
+        }
+        (false, false) => {
+            let _ = write!(out, " {abs:>4}: ");
+        }
+    }
+}
+
+/// The character the latency format puts after a timestamp for the gap to the next entry.
+fn delay_mark(ns: u64) -> char {
+    const MARKS: [(u64, char); 6] = [
+        (1_000_000_000, '$'),
+        (100_000_000, '@'),
+        (10_000_000, '*'),
+        (1_000_000, '#'),
+        (100_000, '!'),
+        (10_000, '+'),
+    ];
+    MARKS
+        .iter()
+        .find(|(limit, _)| ns > *limit)
+        .map_or(' ', |(_, mark)| *mark)
+}
+
+/// The `fields` option: the event's name, then each field as ` name=value` by its type,
+/// as the kernel's `print_event_fields`. The kernel's own entries (marker, stacks) have no
+/// event of their own there and print as `UNKNOWN TYPE N`, and so they do here.
+fn format_fields(id: EventId, event: Option<&Event>, record: &[u8], out: &mut String) {
+    let Some(event) = event.filter(|_| ![MARKER_ID, STACK_ID, USER_STACK_ID].contains(&id)) else {
+        let _ = writeln!(out, "UNKNOWN TYPE {}", id.0);
+        return;
+    };
+    let _ = write!(out, "{}:", event.name());
+    if event.fields.is_empty() {
+        out.push_str("No fields found\n");
+        return;
+    }
+    for field in &event.fields {
+        let _ = write!(out, " {}=", field.name);
+        if field.offset + field.size > record.len() {
+            out.push_str("<OVERFLOW>");
+            continue;
+        }
+        let at = &record[field.offset..];
+        match field.kind {
+            FieldKind::CharArray | FieldKind::TailString => {
+                out.push_str(&c_str(&at[..field.size]));
+            }
+            FieldKind::DynString | FieldKind::DynBytes => {
+                let loc = read_int(record, field.offset, 4, false) as usize;
+                let (offset, len) = (loc & 0xffff, loc >> 16);
+                let Some(data) = record.get(offset..offset + len) else {
+                    out.push_str("<OVERFLOW>");
+                    continue;
+                };
+                if field.kind == FieldKind::DynString {
+                    out.push_str(&c_str(data));
+                } else {
+                    let bytes: Vec<String> = data.iter().map(|b| format!("{b:02x}")).collect();
+                    out.push_str(&bytes.join(","));
+                }
+            }
+            FieldKind::StringPtr => {
+                let addr = read_int(record, field.offset, 8, false) as usize;
+                let mut buf = [0u8; 256];
+                match ustrace_inspect::uaccess::read_str(addr, &mut buf) {
+                    Ok(n) => {
+                        let text = String::from_utf8_lossy(&buf[..n]);
+                        let _ = write!(out, "(0x{addr:016x}:{text})");
+                    }
+                    Err(_) => {
+                        let _ = write!(out, "(0x{addr:016x})");
+                    }
+                }
+            }
+            FieldKind::Int | FieldKind::IntArray { .. } => match field.size {
+                1 => {
+                    let v = at[0];
+                    if v.is_ascii_graphic() || v == b' ' {
+                        let _ = write!(out, "'{}'", v as char);
+                    }
+                    let _ = write!(out, "({v})");
+                }
+                2 => {
+                    let v = read_int(record, field.offset, 2, false) as u16;
+                    let _ = write!(out, "0x{v:x} ({v})");
+                }
+                4 => {
+                    let v = read_int(record, field.offset, 4, false) as u32;
+                    let _ = write!(out, "0x{v:x} ({})", v as i32);
+                }
+                8 => {
+                    let v = read_int(record, field.offset, 8, false);
+                    let _ = write!(out, "0x{v:x} ({})", v as i64);
+                }
+                _ => out.push_str("<INVALID-SIZE>"),
+            },
+        }
+    }
+    out.push('\n');
+}
+
+/// Bytes up to the first NUL, as `%.*s` prints them.
+fn c_str(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
 /// A stack entry prints as the kernel's: `<stack trace>` and one ` => function` line a frame.
@@ -199,5 +651,21 @@ fn render_stack(instance: &Instance, record: &[u8], out: &mut String) {
         &ustrace_inspect::symbols::inventory(),
         &addrs,
         flags,
+    ));
+}
+
+/// A user stack entry prints as the kernel's: `<user stack trace>` and one ` =>  <address>`
+/// line a frame, up to the first 0 (the kernel names objects only with `sym-userobj`,
+/// which is not offered here).
+fn render_user_stack(instance: &Instance, record: &[u8], out: &mut String) {
+    let addrs: Vec<usize> = (0..crate::trace::USER_STACK_ENTRIES)
+        .map_while(|i| record.get(16 + 8 * i..24 + 8 * i))
+        .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")) as usize)
+        .collect();
+    out.push_str("<user stack trace>\n");
+    out.push_str(&ustrace_inspect::stack::format_user_stack(
+        &addrs,
+        false,
+        instance.options.get("sym-addr"),
     ));
 }

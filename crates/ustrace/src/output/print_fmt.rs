@@ -82,9 +82,16 @@ enum Arg {
 #[error("bad print fmt: {0}")]
 pub struct PrintFmtError(String);
 
-/// Turns an address into `sym+off/size` (for `%pS`) or `sym` (for `%ps`).
+/// Turns an address into `sym+off/size` (for `%pS`) or `sym` (for `%ps`), and says how a
+/// plain `%p` prints.
 pub trait Symbolizer {
     fn symbolize(&self, addr: u64, with_offset: bool) -> Option<String>;
+
+    /// A plain `%p`: the address itself in 16 hex digits, as the kernel's `%px` (what the
+    /// kernel prints with the `hash-ptr` option off).
+    fn plain_pointer(&self, addr: u64) -> String {
+        format!("{addr:016x}")
+    }
 }
 
 /// A symbolizer that knows no symbols.
@@ -442,6 +449,8 @@ fn render_conv(
                     Some(ext @ ('S' | 's' | 'B' | 'F' | 'f')) => symbols
                         .symbolize(raw, matches!(ext, 'S' | 'B' | 'F'))
                         .unwrap_or_else(|| format!("0x{raw:x}")),
+                    None => symbols.plain_pointer(raw),
+                    Some('x') => format!("{raw:016x}"),
                     _ => format!("0x{raw:x}"),
                 }
             } else if conv.conv == 's' {

@@ -70,6 +70,7 @@ const TOP_FILES: &[(&str, u32)] = &[
     ("enabled_functions", 0o440),
     ("saved_cmdlines", 0o440),
     ("saved_cmdlines_size", 0o640),
+    ("saved_tgids", 0o440),
 ];
 
 const CPU_FILES: &[(&str, u32)] = &[
@@ -481,6 +482,8 @@ fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
     }
 }
 
+/// Sets an option and hands it to what acts on it. Options read when the trace is printed
+/// or when `trace` is opened (`pause-on-trace`) need nothing more.
 fn set_option(instance: &Instance, name: &str, on: bool) {
     instance.options.set(name, on);
     match name {
@@ -489,21 +492,34 @@ fn set_option(instance: &Instance, name: &str, on: bool) {
             .shared
             .record_cmd
             .store(on, std::sync::atomic::Ordering::Relaxed),
+        "stacktrace" | "userstacktrace" => instance.apply_stack_options(),
+        "record-tgid" if on => crate::options::keep_tgids(),
         _ => {}
     }
 }
 
-fn whole_trace(instance: &Instance, cpu: Option<usize>) -> String {
-    let mut out = crate::output::trace_header(instance);
-    let buffer = instance.buffer();
-    let iter = match cpu {
-        Some(cpu) => buffer.iter_cpu(cpu),
-        None => buffer.iter(),
-    };
-    for event in iter {
-        crate::output::format_event(instance, &event, &mut out);
+/// Opens `trace` (or `per_cpu/cpuN/trace`). A reader opened with `pause-on-trace` set
+/// stops recording until it closes, as the kernel's `trace` file once always did.
+fn open_trace(
+    instance: Arc<Instance>,
+    cpu: Option<usize>,
+    flags: OpenFlags,
+) -> Result<Box<dyn OpenFile>, Errno> {
+    if !flags.read {
+        return rw("", Box::new(|data| Ok(data.len())));
     }
-    out
+    let pause = instance.options.get("pause-on-trace");
+    if pause {
+        instance.shared.pause();
+    }
+    let content = crate::output::format_trace(&instance, instance.buffer(), cpu);
+    let file = TextFile::new(content, Some(Box::new(|data| Ok(data.len()))));
+    if !pause {
+        return Ok(Box::new(file));
+    }
+    Ok(Box::new(
+        file.on_release(Box::new(move || instance.shared.resume())),
+    ))
 }
 
 fn open_instance_file(
@@ -528,31 +544,27 @@ fn open_instance_file(
             }),
         ),
         "saved_cmdlines" => text(crate::thread::saved_cmdlines()),
+        "saved_tgids" => text(crate::options::saved_tgids()),
         "saved_cmdlines_size" => rw(
             format!("{}\n", crate::thread::SAVED_CMDLINES_SIZE),
             Box::new(|data| parse_ulong(data).map(|_| data.len())),
         ),
         "tracing_on" => rw(
-            if instance.buffer().is_recording() {
+            if instance.shared.tracing_on() {
                 "1\n"
             } else {
                 "0\n"
             },
             Box::new(move |data| {
-                instance.buffer().set_recording(parse_ulong(data)? != 0);
+                instance.shared.set_tracing_on(parse_ulong(data)? != 0);
                 Ok(data.len())
             }),
         ),
         "trace" => {
             if flags.truncate {
-                instance.buffer().reset();
+                instance.reset_buffer();
             }
-            let content = if flags.read {
-                whole_trace(&instance, None)
-            } else {
-                String::new()
-            };
-            rw(content, Box::new(|data| Ok(data.len())))
+            open_trace(instance, None, flags)
         }
         "trace_pipe" => Ok(Box::new(TracePipe::new(
             instance,
@@ -570,7 +582,7 @@ fn open_instance_file(
                 let clock = Clock::from_name(text_arg(data)?.trim()).ok_or(Errno::EINVAL)?;
                 if clock != instance.buffer().clock() {
                     instance.buffer().set_clock(clock);
-                    instance.buffer().reset();
+                    instance.reset_buffer();
                 }
                 Ok(data.len())
             }),
@@ -601,7 +613,7 @@ fn open_instance_file(
                 TextFile::new("", Some(Box::new(|data| Ok(data.len())))).on_release(Box::new(
                     move || {
                         if on_close.options.get("disable_on_free") {
-                            on_close.buffer().set_recording(false);
+                            on_close.shared.set_tracing_on(false);
                         }
                         let _ = on_close.buffer().resize(1);
                     },
@@ -693,12 +705,7 @@ fn open_cpu_file(
             if flags.truncate {
                 instance.buffer().reset_cpu(cpu);
             }
-            let content = if flags.read {
-                whole_trace(&instance, Some(cpu))
-            } else {
-                String::new()
-            };
-            rw(content, Box::new(|data| Ok(data.len())))
+            open_trace(instance, Some(cpu), flags)
         }
         "trace_pipe" => Ok(Box::new(TracePipe::new(
             instance,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ustrace_ctl::vfs::{Errno, OpenFile};
 
-use crate::output::format_event;
+use crate::output::{format_event_at, Cursor};
 use crate::trace::Instance;
 
 /// What a pipe reads: every CPU's events merged in time order, or one CPU's.
@@ -22,12 +22,15 @@ pub struct TracePipe {
     raw: bool,
     nonblock: bool,
     pending: Vec<u8>,
+    /// Where this reader is, for the latency format's entry index.
+    cursor: Cursor,
 }
 
 impl TracePipe {
     pub fn new(instance: Arc<Instance>, cpu: Option<usize>, raw: bool, nonblock: bool) -> Self {
         instance.users.fetch_add(1, Ordering::SeqCst);
         TracePipe {
+            cursor: Cursor::for_pipe(&instance),
             instance,
             cpu,
             raw,
@@ -54,7 +57,9 @@ impl TracePipe {
                 None => buffer.consume_any(),
             };
             let Some(event) = next else { break };
-            format_event(&self.instance, &event, &mut text);
+            // A consuming reader cannot look at the next entry without taking it, so the
+            // latency format's gap to it shows as none.
+            format_event_at(&self.instance, &mut self.cursor, &event, None, &mut text);
         }
         self.pending.extend_from_slice(text.as_bytes());
         !text.is_empty()
