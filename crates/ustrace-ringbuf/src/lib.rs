@@ -333,7 +333,10 @@ fn check_backing(dir: &std::path::Path, size_per_cpu: &[usize]) -> io::Result<()
 }
 
 impl RingBuffer {
-    /// Creates the shared-memory files and maps them.
+    /// Creates the shared-memory files and maps them. A size above
+    /// [`MAX_SIZE_PER_CPU`], or more than the system can back (see
+    /// [`RingBuffer::resize`]), fails with [`io::ErrorKind::OutOfMemory`]
+    /// before any file is made.
     pub fn new(config: Config) -> io::Result<RingBuffer> {
         let sizes = vec![config.size_per_cpu; config.nr_cpus];
         Self::build(config, &sizes, |_, _| None)
@@ -880,8 +883,9 @@ impl RingBuffer {
     /// Writers keep going. Events already recorded stay readable as far
     /// as they fit the new size; older ones are dropped and count as
     /// overrun, as the kernel's shrink drops its oldest pages. A size above
-    /// [`MAX_SIZE_PER_CPU`], or more than the system can back, fails with
-    /// [`io::ErrorKind::OutOfMemory`] and changes nothing.
+    /// [`MAX_SIZE_PER_CPU`], or new regions (all CPUs together) of more than
+    /// half of `MemAvailable` or of the shm file system's free space, fails
+    /// with [`io::ErrorKind::OutOfMemory`] and changes nothing.
     pub fn resize(&self, size_per_cpu: usize) -> io::Result<()> {
         let mut ctl = self.lock();
         let nr_pages = pages_for(size_per_cpu);

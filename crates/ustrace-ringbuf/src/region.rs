@@ -68,11 +68,13 @@
 //! # Retirement
 //!
 //! A resize closes a region (no reservation succeeds after that) and
-//! starts a new one. Once the closed region is quiescent and read to its
-//! end it is retired: `release` punches out its pages and sets `released`
-//! in the header, and a reader still holding it then sees it as empty.
-//! The header, page words and slot map stay, for the counters and for
-//! writers that still hold the region's pointer.
+//! starts a new one; `trim` drops the closed region's oldest unread pages
+//! that the new size has no room for. Once the closed region is quiescent
+//! and read to its end it is retired: `release` punches out its pages and
+//! sets `released` in the header, and a reader still holding it then sees
+//! it as empty. The header, page words and slot map stay, for the counters
+//! and for writers that still hold the region's pointer; `restart` later
+//! makes it an empty, open region of its CPU again, in place.
 
 use crate::clock::{self, Clock};
 use crate::page::{
