@@ -248,6 +248,14 @@ const WAKE_ON_PAGE: u32 = 2;
 
 static BUFFER_SERIAL: AtomicU64 = AtomicU64::new(0);
 
+fn add_stats(t: &mut RegionStats, s: RegionStats) {
+    t.committed += s.committed;
+    t.overrun += s.overrun;
+    t.dropped += s.dropped;
+    t.commit_overrun += s.commit_overrun;
+    t.read += s.read;
+}
+
 fn pages_for(size: usize) -> usize {
     size.div_ceil(page::DATA_SIZE).max(2)
 }
@@ -818,13 +826,7 @@ impl RingBuffer {
             .position(|r| fits(r) && r.owner() == self.serial && Arc::strong_count(r) == 2)
         {
             let r = rc.retired.remove(i);
-            let s = r.restart();
-            let t = &mut rc.renewed;
-            t.committed += s.committed;
-            t.overrun += s.overrun;
-            t.dropped += s.dropped;
-            t.commit_overrun += s.commit_overrun;
-            t.read += s.read;
+            add_stats(&mut rc.renewed, r.restart());
             return Some(r);
         }
         if self.persistent.load(Ordering::Relaxed) {
@@ -865,16 +867,23 @@ impl RingBuffer {
     /// file per size: past the limit a retired region keeps only its
     /// mapped header, page words and slot map, for writers that may still
     /// hold it, until the buffer is dropped.
+    ///
+    /// Such a region's page words and slot map go too, but its first page
+    /// (the header the write fast path reads, and the counters) stays: a
+    /// late writer only reads the rest to find its way to the closed
+    /// state, and reads zeros there now (`Region::forget_words`).
     fn limit_spares(&self, ctl: &mut Control) {
         for cpu in 0..self.nr_cpus {
-            let spares: Vec<&Arc<Region>> = ctl
+            let spares: Vec<Arc<Region>> = ctl
                 .keep
                 .iter()
                 .filter(|r| r.cpu() == cpu && r.is_released() && r.mapping().has_fd())
+                .cloned()
                 .collect();
             let extra = spares.len().saturating_sub(SPARES_PER_CPU);
             for r in &spares[..extra] {
                 r.mapping().close_fd();
+                r.forget_words();
             }
         }
     }
@@ -943,14 +952,19 @@ impl RingBuffer {
     }
 
     /// Keeps at most `budget` pages of unread data in a CPU's closed
-    /// regions, the newest: the rest is dropped (counted as overrun) and
-    /// its memory given back, so that a shrink gives memory back and
-    /// repeated resizes do not pile up old contents nobody reads. A region
-    /// with a write still in flight (after a short wait) is left whole.
+    /// regions, the newest, and in at most the newest `SLOT_NAMES - 1` of
+    /// them (as many as the root file can name besides the current one):
+    /// the rest is dropped (counted as overrun) and its memory given back,
+    /// so that a shrink gives memory back and repeated resizes do not pile
+    /// up old contents, or regions, nobody reads. A region with a write
+    /// still in flight (after a short wait) is left whole.
     fn trim_closed(rc: &mut ReaderCpu, budget: usize) {
         let mut budget = budget;
         let open = rc.regions.len().saturating_sub(1);
-        for (r, _) in rc.regions[..open].iter().rev() {
+        for (i, (r, _)) in rc.regions[..open].iter().rev().enumerate() {
+            if i + 1 >= shm::SLOT_NAMES {
+                budget = 0;
+            }
             let deadline = Instant::now() + Duration::from_millis(10);
             while !r.quiescent() && Instant::now() < deadline {
                 std::thread::yield_now();
@@ -1047,22 +1061,14 @@ impl RingBuffer {
         let Some(rc) = ctl.cpus.get(cpu) else {
             return CpuStats::default();
         };
-        let mut t = RegionStats::default();
-        let add = |t: &mut RegionStats, s: RegionStats| {
-            t.committed += s.committed;
-            t.overrun += s.overrun;
-            t.dropped += s.dropped;
-            t.commit_overrun += s.commit_overrun;
-            t.read += s.read;
-        };
-        add(&mut t, rc.renewed);
+        let mut t = rc.renewed;
         for r in &rc.retired {
-            add(&mut t, r.stats());
+            add_stats(&mut t, r.stats());
         }
         let mut bytes = 0;
         let mut oldest = None;
         for (r, _) in &rc.regions {
-            add(&mut t, r.stats());
+            add_stats(&mut t, r.stats());
             let (b, o) = r.unread_bytes_and_oldest();
             bytes += b;
             if oldest.is_none() {

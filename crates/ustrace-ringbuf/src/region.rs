@@ -379,7 +379,12 @@ pub(crate) struct Region {
     /// bookkeeping: a swap moves regions between buffers, and the one that
     /// owns a region is the one that closes it when it is dropped).
     owner: AtomicU64,
+    /// `WORDS_KEPT`, or the events the page words held when they were
+    /// given back (`forget_words`), which `stats` counts instead.
+    forgotten: AtomicU64,
 }
+
+const WORDS_KEPT: u64 = u64::MAX;
 
 /// Holds a region's `foreign` count up while a non-owner touches its state.
 struct ForeignGuard<'a>(Option<&'a AtomicU64>);
@@ -524,6 +529,7 @@ impl Region {
             cpu: cpu as u32,
             page_hint: PageHint::new(),
             owner: AtomicU64::new(0),
+            forgotten: AtomicU64::new(WORDS_KEPT),
         };
         for slot in 0..nr_pages {
             r.map_word(slot)
@@ -570,6 +576,7 @@ impl Region {
             cpu: 0,
             page_hint: PageHint::new(),
             owner: AtomicU64::new(0),
+            forgotten: AtomicU64::new(WORDS_KEPT),
         };
         let magic = r.atomic(OFF_MAGIC).load(Ordering::Acquire);
         // SAFETY: header fields are inside the first 256 bytes (checked above);
@@ -608,6 +615,7 @@ impl Region {
             cpu,
             page_hint: PageHint::new(),
             owner: AtomicU64::new(0),
+            forgotten: AtomicU64::new(WORDS_KEPT),
         })
     }
 
@@ -1460,6 +1468,25 @@ impl Region {
         keep
     }
 
+    /// Gives back the page words and slot map of a released region that
+    /// will not be started over (its file is closed), past the first page:
+    /// that one holds the header, which the write fast path reads without
+    /// looking at anything else. A late writer that gets further reads
+    /// zeros there, and cannot get past the closed state.
+    ///
+    /// The header's counters stay live (a forked child still counts its
+    /// refused writes there); the events the words held are kept aside.
+    pub(crate) fn forget_words(&self) {
+        debug_assert!(self.is_released() && !self.map.has_fd());
+        let in_words = self.stats().committed - self.atomic(OFF_RETIRED).load(Ordering::SeqCst);
+        if self.forgotten.swap(in_words, Ordering::SeqCst) != WORDS_KEPT {
+            return;
+        }
+        if self.pages_off > PAGE_SIZE {
+            self.map.punch(PAGE_SIZE, self.pages_off - PAGE_SIZE);
+        }
+    }
+
     /// Starts a retired region (closed, quiescent, released, its file
     /// still open) over as an empty region of the same CPU and size, in
     /// place: [`Region::reinit`], and its pages come back as they are
@@ -1816,8 +1843,12 @@ impl Region {
     pub(crate) fn stats(&self) -> RegionStats {
         let n = self.nr_pages as u64;
         let p = self.pos();
+        let forgotten = self.forgotten.load(Ordering::SeqCst);
         let mut current = 0;
-        if p > 0 {
+        if forgotten != WORDS_KEPT {
+            // The words are gone (they read as zeros).
+            current = forgotten;
+        } else if p > 0 {
             let last = (p - 1) / D;
             for idx in 0..n {
                 if last < idx {

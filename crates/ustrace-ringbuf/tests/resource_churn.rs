@@ -167,3 +167,60 @@ fn a_shrink_gives_back_the_memory_of_unread_contents() {
     assert_eq!(*kept.last().unwrap(), seq - 1, "the newest event is kept");
     assert_eq!(kept.len() as u64, st.entries);
 }
+
+#[test]
+fn resizing_to_ever_new_sizes_keeps_a_header_page_per_size() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    // Regions of 2048 pages and more: their slot maps alone are 16 KiB, all
+    // touched when the region is made.
+    let base = 2048;
+    let rb = RingBuffer::new(Config {
+        nr_cpus: 1,
+        size_per_cpu: base * DATA_SIZE,
+        overwrite: true,
+        clock: Clock::Local,
+        name: "sizes".into(),
+    })
+    .unwrap();
+    let mut seq = 0;
+    let mut step = |k: usize| {
+        fill(&rb, 8, &mut seq);
+        rb.resize((base + k) * DATA_SIZE).unwrap();
+    };
+    for k in 1..=10 {
+        step(k);
+    }
+    let before = (rss_shmem_kib(), mappings(), open_fds());
+    const SIZES: usize = 100;
+    for k in 11..11 + SIZES {
+        step(k);
+    }
+    let after = (rss_shmem_kib(), mappings(), open_fds());
+    eprintln!(
+        "{SIZES} new sizes: RssShmem {} -> {} KiB, mappings {} -> {}, fds {} -> {}",
+        before.0, after.0, before.1, after.1, before.2, after.2
+    );
+    // Each retired region past the spares keeps its header page and its
+    // mapping (see ARCHITECTURE.md), nothing else: no file, no words.
+    assert!(
+        after.2 <= before.2,
+        "fds went from {} to {}",
+        before.2,
+        after.2
+    );
+    assert!(
+        after.0 <= before.0 + 8 * SIZES as u64,
+        "RssShmem grew from {} to {} KiB over {SIZES} sizes",
+        before.0,
+        after.0
+    );
+    assert!(
+        after.1 <= before.1 + SIZES + 4,
+        "mappings went from {} to {}",
+        before.1,
+        after.1
+    );
+    let st = rb.stats(0);
+    assert_eq!(st.written, seq, "{st:?}");
+    assert_eq!(st.written, st.entries + st.overrun, "{st:?}");
+}
