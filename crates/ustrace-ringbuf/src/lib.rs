@@ -935,6 +935,10 @@ impl RingBuffer {
 
     fn resize_locked(&self, ctl: &mut Control, cpu: usize, nr_pages: usize) -> io::Result<()> {
         let old = Self::current_of(ctl, cpu);
+        // Old contents the new size will not keep go first, so that a region
+        // they leave empty can be the new one rather than a region more.
+        Self::trim_closed(&mut ctl.cpus[cpu], nr_pages, true);
+        Self::retire_drained(&mut ctl.cpus[cpu]);
         let new = self.new_region(ctl, cpu, nr_pages)?;
         // Publish first, then close: writers that see the closed old region
         // find the new one instead of failing.
@@ -944,7 +948,7 @@ impl RingBuffer {
         old.close();
         let cursor = new.reader_start();
         ctl.cpus[cpu].regions.push((new, cursor));
-        Self::trim_closed(&mut ctl.cpus[cpu], nr_pages);
+        Self::trim_closed(&mut ctl.cpus[cpu], nr_pages, false);
         Self::retire_drained(&mut ctl.cpus[cpu]);
         self.limit_spares(ctl);
         self.publish_names(ctl, cpu);
@@ -957,14 +961,23 @@ impl RingBuffer {
     /// the rest is dropped (counted as overrun) and its memory given back,
     /// so that a shrink gives memory back and repeated resizes do not pile
     /// up old contents, or regions, nobody reads. A region with a write
-    /// still in flight (after a short wait) is left whole.
-    fn trim_closed(rc: &mut ReaderCpu, budget: usize) {
+    /// still in flight (after a short wait) is left whole. With
+    /// `before_close`, the open region is about to be closed and replaced:
+    /// it counts as the newest closed one, with what it holds now.
+    fn trim_closed(rc: &mut ReaderCpu, budget: usize, before_close: bool) {
         let mut budget = budget;
         let open = rc.regions.len().saturating_sub(1);
-        for (i, (r, _)) in rc.regions[..open].iter().rev().enumerate() {
-            if i + 1 >= shm::SLOT_NAMES {
+        // The open region (current, or the one about to be) has a name.
+        let mut named = 1;
+        if before_close {
+            budget = budget.saturating_sub(rc.regions[open].0.unread_pages());
+            named += 1;
+        }
+        for (r, _) in rc.regions[..open].iter().rev() {
+            if named >= shm::SLOT_NAMES {
                 budget = 0;
             }
+            named += 1;
             let deadline = Instant::now() + Duration::from_millis(10);
             while !r.quiescent() && Instant::now() < deadline {
                 std::thread::yield_now();

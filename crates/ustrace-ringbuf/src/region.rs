@@ -979,7 +979,12 @@ impl Region {
         let (lw, rw) = (self.local_word_at(slot), self.remote_word_at(slot));
         let l = lw.load(Ordering::SeqCst);
         let r = rw.load(Ordering::SeqCst);
-        if word_tag(l) > tag || self.is_closed() {
+        // A writer entering page `e` read a position in page `e - 1` or
+        // at its end, and positions only grow, unless the region was
+        // emptied since (a reset, or a retired region started over) while
+        // this writer was preempted: its view is stale, and the page
+        // before `e` is not incomplete, just not there any more.
+        if word_tag(l) > tag || self.is_closed() || self.pos() + D < e * D {
             return Ok(false);
         }
         if word_tag(l) == tag {
@@ -1429,8 +1434,7 @@ impl Region {
     pub(crate) fn trim(&self, keep: usize) -> usize {
         debug_assert!(self.is_closed());
         let n = self.nr_pages as u64;
-        let end = self.pos().div_ceil(D);
-        let first = (self.read_pos() / D).max(end.saturating_sub(n));
+        let (first, end) = self.unread_range();
         let unread = end.saturating_sub(first);
         if unread <= keep as u64 {
             return unread as usize;
@@ -1485,6 +1489,19 @@ impl Region {
         if self.pages_off > PAGE_SIZE {
             self.map.punch(PAGE_SIZE, self.pages_off - PAGE_SIZE);
         }
+    }
+
+    /// The pages holding unread data: sequence numbers `first..end`.
+    fn unread_range(&self) -> (u64, u64) {
+        let end = self.pos().div_ceil(D);
+        let first = (self.read_pos() / D).max(end.saturating_sub(self.nr_pages as u64));
+        (first, end)
+    }
+
+    /// How many pages hold unread data (the page being written counts).
+    pub(crate) fn unread_pages(&self) -> usize {
+        let (first, end) = self.unread_range();
+        end.saturating_sub(first) as usize
     }
 
     /// Starts a retired region (closed, quiescent, released, its file
@@ -1926,6 +1943,30 @@ mod tests {
         let p = unsafe { std::slice::from_raw_parts_mut(raw.payload, 60) };
         p[..4].copy_from_slice(&i.to_le_bytes());
         r.commit(&raw);
+    }
+
+    #[test]
+    fn a_writer_preempted_across_a_restart_looks_again_instead_of_failing() {
+        let r = region("restart", 3);
+        let mut next = 0;
+        // Into the second lap: entering page 4 checks that page 1 is complete.
+        write_until_page(&r, &mut next, 4);
+        let stale = 4;
+        // Retired and started over while that writer was preempted, with
+        // its view of page 4 to enter.
+        r.close();
+        assert!(r.quiescent());
+        let _ = r.consume(&mut r.reader_start(), false);
+        r.atomic(OFF_READ)
+            .store(read_pack(r.pos().div_ceil(D) * D, 0), Ordering::SeqCst);
+        r.release();
+        r.restart();
+        write(&r, next);
+        assert!(matches!(r.prepare_page(stale, true), Ok(false)));
+        assert!(matches!(r.prepare_page(stale, false), Ok(false)));
+        let st = r.stats();
+        assert_eq!((st.commit_overrun, st.dropped), (0, 0), "{st:?}");
+        assert_eq!(st.committed, 1);
     }
 
     #[test]
