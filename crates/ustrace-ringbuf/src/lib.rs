@@ -188,8 +188,9 @@ struct Control {
     /// so only the mapping's header part outlives retirement: `Region::release`
     /// gives the pages back when a region is retired). Retired regions here
     /// are started over when a CPU needs a region of their size again
-    /// (`RingBuffer::new_region`), so the list holds at most one retired
-    /// region per CPU and size ever used, not one per resize or snapshot.
+    /// (`RingBuffer::new_region`), so the list does not grow with resizes
+    /// back and forth or with snapshots; `RingBuffer::limit_spares` says
+    /// what the regions of ever new sizes keep.
     keep: Vec<Arc<Region>>,
     next_region: u64,
     buffer_percent: u32,
@@ -842,9 +843,9 @@ impl RingBuffer {
         Some(r)
     }
 
-    /// Gives back the pages and files of regions only this buffer still
-    /// refers to, for its writers' sake, because the buffer that owned
-    /// them was dropped while one of them was still writing (see `Drop`).
+    /// Gives back the pages of regions only this buffer still refers to,
+    /// for its writers' sake, because the buffer that owned them was
+    /// dropped while one of them was still writing (see `Drop`).
     fn sweep(&self, ctl: &mut Control) {
         for r in &ctl.keep {
             if r.owner() != self.serial
@@ -860,18 +861,16 @@ impl RingBuffer {
         self.limit_spares(ctl);
     }
 
-    /// Closes the files of retired regions beyond the newest
-    /// [`SPARES_PER_CPU`] of each CPU. A retired region keeps its file so
-    /// that it can be started over (another process reaches a region by
-    /// its file), but a buffer resized to ever new sizes must not hold a
-    /// file per size: past the limit a retired region keeps only its
-    /// mapped header, page words and slot map, for writers that may still
-    /// hold it, until the buffer is dropped.
-    ///
-    /// Such a region's page words and slot map go too, but its first page
-    /// (the header the write fast path reads, and the counters) stays: a
-    /// late writer only reads the rest to find its way to the closed
-    /// state, and reads zeros there now (`Region::forget_words`).
+    /// Keeps at most [`SPARES_PER_CPU`] retired regions of each CPU with
+    /// their file (the ones made last). A retired region keeps its file so
+    /// that it can be started over (another process reaches a region by its
+    /// file), but a buffer resized to ever new sizes must not hold a file
+    /// per size. Past the limit a retired region loses its file, page words
+    /// and slot map, and keeps only its mapping and first page (the header
+    /// the write fast path reads, with the counters) until the buffer is
+    /// dropped, for writers that may still hold it: a late writer only
+    /// reads the rest on its way to the closed state, and reads zeros there
+    /// now (`Region::forget_words`).
     fn limit_spares(&self, ctl: &mut Control) {
         for cpu in 0..self.nr_cpus {
             let spares: Vec<Arc<Region>> = ctl
@@ -1397,9 +1396,10 @@ impl Drop for RingBuffer {
     /// Unmaps the buffer's regions, except those another buffer still
     /// keeps for its own writers (regions that a swap moved between the
     /// two: a snapshot buffer holds the live buffer's former regions). No
-    /// one reads those again, so they are closed here, and their pages and
-    /// file given back: what stays, until the other buffer starts them
-    /// over or is dropped, is their header, page words and slot map.
+    /// one reads those again, so they are closed here and their pages given
+    /// back: what stays, until the other buffer starts them over (the next
+    /// snapshot, `new_like`) or is dropped, is their file and their header,
+    /// page words and slot map (and `limit_spares` bounds how many).
     fn drop(&mut self) {
         let ctl = self.control.get_mut().unwrap_or_else(|e| e.into_inner());
         ctl.cpus.clear();
