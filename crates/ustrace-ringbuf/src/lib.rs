@@ -176,6 +176,9 @@ struct ReaderCpu {
     /// page words to the retired count). Their sum settles once such late
     /// writers are done.
     retired: Vec<Arc<Region>>,
+    /// Counters of retired regions that were started over since (see
+    /// `RingBuffer::new_region`), summed when they were.
+    renewed: RegionStats,
 }
 
 struct Control {
@@ -183,7 +186,11 @@ struct Control {
     /// Every region this buffer's writers may still touch; unmapped on drop
     /// (a writer may hold a region's pointer for as long as it is preempted,
     /// so only the mapping's header part outlives retirement: `Region::release`
-    /// gives the pages back when a region is retired).
+    /// gives the pages back when a region is retired). Retired regions here
+    /// are started over when a CPU needs a region of their size again
+    /// (`RingBuffer::new_region`), so the list does not grow with resizes
+    /// back and forth or with snapshots; `RingBuffer::limit_spares` says
+    /// what the regions of ever new sizes keep.
     keep: Vec<Arc<Region>>,
     next_region: u64,
     buffer_percent: u32,
@@ -206,6 +213,9 @@ pub struct RingBuffer {
     control: Mutex<Control>,
     /// The process generation (see [`PROCESS_GENERATION`]) the buffer was made in.
     generation: u32,
+    /// Unique in the process; names the buffer's files and marks the
+    /// regions its readers own (`Region::owner`).
+    serial: u64,
 }
 
 /// Bumped in the child of every `fork`. A buffer made in an earlier
@@ -239,13 +249,115 @@ const WAKE_ON_PAGE: u32 = 2;
 
 static BUFFER_SERIAL: AtomicU64 = AtomicU64::new(0);
 
+fn add_stats(t: &mut RegionStats, s: RegionStats) {
+    t.committed += s.committed;
+    t.overrun += s.overrun;
+    t.dropped += s.dropped;
+    t.commit_overrun += s.commit_overrun;
+    t.read += s.read;
+}
+
 fn pages_for(size: usize) -> usize {
     size.div_ceil(page::DATA_SIZE).max(2)
 }
 
+/// Retired regions per CPU that keep their file, to be started over when
+/// the CPU needs a region of their size again (see `RingBuffer::limit_spares`).
+const SPARES_PER_CPU: usize = 4;
+
+/// The most event data one CPU buffer may hold: 1 GiB (`buffer_size_kb`
+/// 1048576). Larger sizes fail with `ENOMEM` before anything is made.
+pub const MAX_SIZE_PER_CPU: usize = 1 << 30;
+
+/// Memory for new regions of `nr_pages` pages each: the whole file, since
+/// a buffer that goes round once has touched every page of it.
+fn region_bytes(nr_pages: &[usize]) -> u64 {
+    nr_pages
+        .iter()
+        .map(|&n| region::Region::file_size(n) as u64)
+        .sum()
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes (`None` if unreadable).
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kb.checked_mul(1024)
+}
+
+/// Free bytes of the file system the buffer files go to (tmpfs has its
+/// own size limit, half of RAM by default for /dev/shm).
+fn fs_available(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: an all-zero statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid NUL-terminated path and a writable out-parameter.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    (st.f_bavail as u64).checked_mul(st.f_frsize as u64)
+}
+
+/// Whether new regions needing `need` bytes can be backed, given
+/// `MemAvailable` and the shm file system's free space: at most half of
+/// what is available either way. The kernel refuses a CPU buffer larger
+/// than `MemAvailable` (`si_mem_available()`) and then may still fail to
+/// allocate; half leaves the rest of the system room, and counts all CPUs
+/// of the request together, since all of them will be touched.
+fn backing_allows(need: u64, mem_available: Option<u64>, fs_available: Option<u64>) -> bool {
+    [mem_available, fs_available]
+        .into_iter()
+        .flatten()
+        .all(|avail| need <= avail / 2)
+}
+
+fn out_of_memory(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::OutOfMemory, what)
+}
+
+/// Refuses, before anything is mapped, sizes above [`MAX_SIZE_PER_CPU`]
+/// and sets of new regions the system cannot back (see `backing_allows`).
+fn check_backing(dir: &std::path::Path, size_per_cpu: &[usize]) -> io::Result<()> {
+    if let Some(&big) = size_per_cpu.iter().find(|&&s| s > MAX_SIZE_PER_CPU) {
+        return Err(out_of_memory(format!(
+            "{big} bytes per cpu is more than the {MAX_SIZE_PER_CPU} a cpu buffer may hold"
+        )));
+    }
+    let pages: Vec<usize> = size_per_cpu.iter().map(|&s| pages_for(s)).collect();
+    let need = region_bytes(&pages);
+    if !backing_allows(need, mem_available(), fs_available(dir)) {
+        return Err(out_of_memory(format!(
+            "{need} bytes of buffer is more than half of the memory available"
+        )));
+    }
+    Ok(())
+}
+
 impl RingBuffer {
-    /// Creates the shared-memory files and maps them.
+    /// Creates the shared-memory files and maps them. A size above
+    /// [`MAX_SIZE_PER_CPU`], or more than the system can back (see
+    /// [`RingBuffer::resize`]), fails with [`io::ErrorKind::OutOfMemory`]
+    /// before any file is made.
     pub fn new(config: Config) -> io::Result<RingBuffer> {
+        let sizes = vec![config.size_per_cpu; config.nr_cpus];
+        Self::build(config, &sizes, |_, _| None)
+    }
+
+    /// `new` with each CPU's size, taking a CPU's first region from
+    /// `reuse(cpu, nr_pages)` when it has one (already started over).
+    fn build(
+        config: Config,
+        sizes: &[usize],
+        mut reuse: impl FnMut(usize, usize) -> Option<Arc<Region>>,
+    ) -> io::Result<RingBuffer> {
         if config.nr_cpus == 0 || config.nr_cpus > 4096 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -263,11 +375,13 @@ impl RingBuffer {
         rseq::init();
         register_fork_handler();
         let dir = shm::shm_dir();
+        check_backing(&dir, sizes)?;
+        let serial = BUFFER_SERIAL.fetch_add(1, Ordering::Relaxed) + 1;
         let base = format!(
             "ustrace-{}-{}-{}",
             shm::sanitize(&config.name),
             std::process::id(),
-            BUFFER_SERIAL.fetch_add(1, Ordering::Relaxed)
+            serial
         );
         let root = shm::Root::create(
             &dir.join(&base),
@@ -275,7 +389,6 @@ impl RingBuffer {
             config.clock,
             config.overwrite,
         )?;
-        let nr_pages = pages_for(config.size_per_cpu);
         let mut control = Control {
             cpus: Vec::new(),
             keep: Vec::new(),
@@ -284,12 +397,17 @@ impl RingBuffer {
         };
         let mut slots = Vec::new();
         let mut buf_regions = Vec::new();
-        for cpu in 0..config.nr_cpus {
-            let r = Arc::new(Region::create(
-                &dir.join(format!("{base}-c{cpu}-r0")),
-                cpu,
-                nr_pages,
-            )?);
+        for (cpu, &size) in sizes.iter().enumerate() {
+            let nr_pages = pages_for(size);
+            let r = match reuse(cpu, nr_pages) {
+                Some(r) => r,
+                None => Arc::new(Region::create(
+                    &dir.join(format!("{base}-c{cpu}-r0")),
+                    cpu,
+                    nr_pages,
+                )?),
+            };
+            r.set_owner(serial);
             buf_regions.push(r);
         }
         control.next_region = 1;
@@ -303,6 +421,7 @@ impl RingBuffer {
             control.cpus.push(ReaderCpu {
                 regions: vec![(r, cursor)],
                 retired: Vec::new(),
+                renewed: RegionStats::default(),
             });
         }
         let rb = RingBuffer {
@@ -316,6 +435,7 @@ impl RingBuffer {
             persistent: AtomicBool::new(false),
             control: Mutex::new(control),
             generation: PROCESS_GENERATION.load(Ordering::Relaxed),
+            serial,
         };
         {
             let ctl = rb.lock();
@@ -325,6 +445,45 @@ impl RingBuffer {
         }
         rb.update_fast_path();
         Ok(rb)
+    }
+
+    /// A buffer shaped like this one (CPU count and each CPU's size,
+    /// overwrite mode, clock) to swap with it: the snapshot buffer. It
+    /// starts over regions of this buffer that a dropped earlier snapshot
+    /// left behind (see `take_retired`), so taking and freeing snapshots
+    /// over and over keeps the number of regions bounded.
+    pub fn new_like(&self, name: &str) -> io::Result<RingBuffer> {
+        let sizes: Vec<usize> = (0..self.nr_cpus).map(|c| self.size_of_cpu(c)).collect();
+        let config = Config {
+            nr_cpus: self.nr_cpus,
+            size_per_cpu: sizes[0],
+            overwrite: self.overwrite(),
+            clock: self.clock(),
+            name: name.into(),
+        };
+        let mut ctl = self.lock();
+        self.sweep(&mut ctl);
+        let persistent = self.is_persistent();
+        Self::build(config, &sizes, |cpu, nr_pages| {
+            if persistent {
+                return None;
+            }
+            // Only orphans: our own retired regions keep our counters.
+            let r = ctl
+                .keep
+                .iter()
+                .find(|r| {
+                    r.cpu() == cpu
+                        && r.nr_pages() == nr_pages
+                        && r.is_released()
+                        && r.mapping().has_fd()
+                        && r.owner() != self.serial
+                        && Arc::strong_count(r) == 1
+                })?
+                .clone();
+            r.restart();
+            Some(r)
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Control> {
@@ -614,21 +773,33 @@ impl RingBuffer {
         ctl.cpus[cpu] = ReaderCpu {
             regions: vec![(region, cursor)],
             retired: Vec::new(),
+            renewed: RegionStats::default(),
         };
         self.publish_names(&ctl, cpu);
     }
 
+    /// A fresh region for `cpu`: a retired one of the same size started
+    /// over (see `take_retired`), or a new one.
     fn new_region(
         &self,
         ctl: &mut Control,
         cpu: usize,
         nr_pages: usize,
     ) -> io::Result<Arc<Region>> {
+        self.sweep(ctl);
+        if let Some(r) = self.take_retired(ctl, cpu, nr_pages) {
+            r.set_owner(self.serial);
+            if self.persistent.load(Ordering::Relaxed) {
+                r.mapping().link()?;
+            }
+            return Ok(r);
+        }
         let path = self
             .dir
             .join(format!("{}-c{cpu}-r{}", self.base, ctl.next_region));
         ctl.next_region += 1;
         let r = Arc::new(Region::create(&path, cpu, nr_pages)?);
+        r.set_owner(self.serial);
         if self.persistent.load(Ordering::Relaxed) {
             r.mapping().link()?;
         }
@@ -636,16 +807,107 @@ impl RingBuffer {
         Ok(r)
     }
 
-    /// Resizes every CPU buffer (bytes of data, rounded up to whole pages).
-    /// Writers keep going: events already recorded stay readable.
-    pub fn resize(&self, size_per_cpu: usize) -> io::Result<()> {
+    /// A retired region of `cpu` with `nr_pages` pages that nothing but
+    /// this buffer refers to: one of our own CPU's retired regions (its
+    /// counters are added to the CPU's `renewed` sum, since starting it
+    /// over zeroes them), or, when the buffer is not persistent, one a
+    /// dropped partner left us (a snapshot buffer that held our regions,
+    /// whose names are not ours). Writers of this buffer may still hold
+    /// such a region, which is why it is in `keep` and why only this
+    /// buffer's CPU `cpu` may get it back.
+    fn take_retired(&self, ctl: &mut Control, cpu: usize, nr_pages: usize) -> Option<Arc<Region>> {
+        let fits = |r: &Arc<Region>| {
+            r.cpu() == cpu && r.nr_pages() == nr_pages && r.is_released() && r.mapping().has_fd()
+        };
+        let rc = &mut ctl.cpus[cpu];
+        // Held by `retired` and `keep` only: no iterator, no other buffer.
+        if let Some(i) = rc
+            .retired
+            .iter()
+            .position(|r| fits(r) && r.owner() == self.serial && Arc::strong_count(r) == 2)
+        {
+            let r = rc.retired.remove(i);
+            add_stats(&mut rc.renewed, r.restart());
+            return Some(r);
+        }
+        if self.persistent.load(Ordering::Relaxed) {
+            return None;
+        }
+        let r = ctl
+            .keep
+            .iter()
+            .find(|r| fits(r) && r.owner() != self.serial && Arc::strong_count(r) == 1)?
+            .clone();
+        // Counted by the buffer that was dropped, not by us.
+        r.restart();
+        Some(r)
+    }
+
+    /// Gives back the pages of regions only this buffer still refers to,
+    /// for its writers' sake, because the buffer that owned them was
+    /// dropped while one of them was still writing (see `Drop`).
+    fn sweep(&self, ctl: &mut Control) {
+        for r in &ctl.keep {
+            if r.owner() != self.serial
+                && Arc::strong_count(r) == 1
+                && r.is_closed()
+                && !r.is_released()
+                && r.quiescent()
+            {
+                r.mapping().unlink();
+                r.release();
+            }
+        }
+        self.limit_spares(ctl);
+    }
+
+    /// Keeps at most [`SPARES_PER_CPU`] retired regions of each CPU with
+    /// their file (the ones made last). A retired region keeps its file so
+    /// that it can be started over (another process reaches a region by its
+    /// file), but a buffer resized to ever new sizes must not hold a file
+    /// per size. Past the limit a retired region loses its file, page words
+    /// and slot map, and keeps only its mapping and first page (the header
+    /// the write fast path reads, with the counters) until the buffer is
+    /// dropped, for writers that may still hold it: a late writer only
+    /// reads the rest on its way to the closed state, and reads zeros there
+    /// now (`Region::forget_words`).
+    fn limit_spares(&self, ctl: &mut Control) {
         for cpu in 0..self.nr_cpus {
-            self.resize_cpu(cpu, size_per_cpu)?;
+            let spares: Vec<Arc<Region>> = ctl
+                .keep
+                .iter()
+                .filter(|r| r.cpu() == cpu && r.is_released() && r.mapping().has_fd())
+                .cloned()
+                .collect();
+            let extra = spares.len().saturating_sub(SPARES_PER_CPU);
+            for r in &spares[..extra] {
+                r.mapping().close_fd();
+                r.forget_words();
+            }
+        }
+    }
+
+    /// Resizes every CPU buffer (bytes of data, rounded up to whole pages).
+    /// Writers keep going. Events already recorded stay readable as far
+    /// as they fit the new size; older ones are dropped and count as
+    /// overrun, as the kernel's shrink drops its oldest pages. A size above
+    /// [`MAX_SIZE_PER_CPU`], or new regions (all CPUs together) of more than
+    /// half of `MemAvailable` or of the shm file system's free space, fails
+    /// with [`io::ErrorKind::OutOfMemory`] and changes nothing.
+    pub fn resize(&self, size_per_cpu: usize) -> io::Result<()> {
+        let mut ctl = self.lock();
+        let nr_pages = pages_for(size_per_cpu);
+        let changing: Vec<usize> = (0..self.nr_cpus)
+            .filter(|&cpu| Self::current_of(&ctl, cpu).nr_pages() != nr_pages)
+            .collect();
+        check_backing(&self.dir, &vec![size_per_cpu; changing.len()])?;
+        for cpu in changing {
+            self.resize_locked(&mut ctl, cpu, nr_pages)?;
         }
         Ok(())
     }
 
-    /// Resizes one CPU buffer (`per_cpu/cpuN/buffer_size_kb`).
+    /// Resizes one CPU buffer (`per_cpu/cpuN/buffer_size_kb`), as [`RingBuffer::resize`].
     pub fn resize_cpu(&self, cpu: usize, size: usize) -> io::Result<()> {
         if cpu >= self.nr_cpus {
             return Err(io::Error::new(
@@ -653,17 +915,30 @@ impl RingBuffer {
                 format!("no cpu {cpu}"),
             ));
         }
-        let nr_pages = pages_for(size);
         let mut ctl = self.lock();
-        let old = ctl.cpus[cpu]
+        let nr_pages = pages_for(size);
+        if Self::current_of(&ctl, cpu).nr_pages() == nr_pages {
+            return Ok(());
+        }
+        check_backing(&self.dir, &[size])?;
+        self.resize_locked(&mut ctl, cpu, nr_pages)
+    }
+
+    fn current_of(ctl: &Control, cpu: usize) -> Arc<Region> {
+        ctl.cpus[cpu]
             .regions
             .last()
             .map(|(r, _)| r.clone())
-            .expect("a cpu always has a region");
-        if old.nr_pages() == nr_pages {
-            return Ok(());
-        }
-        let new = self.new_region(&mut ctl, cpu, nr_pages)?;
+            .expect("a cpu always has a region")
+    }
+
+    fn resize_locked(&self, ctl: &mut Control, cpu: usize, nr_pages: usize) -> io::Result<()> {
+        let old = Self::current_of(ctl, cpu);
+        // Old contents the new size will not keep go first, so that a region
+        // they leave empty can be the new one rather than a region more.
+        Self::trim_closed(&mut ctl.cpus[cpu], nr_pages, true);
+        Self::retire_drained(&mut ctl.cpus[cpu]);
+        let new = self.new_region(ctl, cpu, nr_pages)?;
         // Publish first, then close: writers that see the closed old region
         // find the new one instead of failing.
         self.slots[cpu]
@@ -672,9 +947,47 @@ impl RingBuffer {
         old.close();
         let cursor = new.reader_start();
         ctl.cpus[cpu].regions.push((new, cursor));
+        Self::trim_closed(&mut ctl.cpus[cpu], nr_pages, false);
         Self::retire_drained(&mut ctl.cpus[cpu]);
-        self.publish_names(&ctl, cpu);
+        self.limit_spares(ctl);
+        self.publish_names(ctl, cpu);
         Ok(())
+    }
+
+    /// Keeps at most `budget` pages of unread data in a CPU's closed
+    /// regions, the newest, and in at most the newest `SLOT_NAMES - 1` of
+    /// them (as many as the root file can name besides the current one):
+    /// the rest is dropped (counted as overrun) and its memory given back,
+    /// so that a shrink gives memory back and repeated resizes do not pile
+    /// up old contents, or regions, nobody reads. A region with a write
+    /// still in flight (after a short wait) is left whole. With
+    /// `before_close`, the open region is about to be closed and replaced:
+    /// it counts as the newest closed one, with what it holds now.
+    fn trim_closed(rc: &mut ReaderCpu, budget: usize, before_close: bool) {
+        let mut budget = budget;
+        let open = rc.regions.len().saturating_sub(1);
+        // The open region (current, or the one about to be) has a name.
+        let mut named = 1;
+        if before_close {
+            budget = budget.saturating_sub(rc.regions[open].0.unread_pages());
+            named += 1;
+        }
+        for (r, _) in rc.regions[..open].iter().rev() {
+            if named >= shm::SLOT_NAMES {
+                budget = 0;
+            }
+            named += 1;
+            let deadline = Instant::now() + Duration::from_millis(10);
+            while !r.quiescent() && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            let kept = if r.quiescent() {
+                r.trim(budget)
+            } else {
+                r.nr_pages()
+            };
+            budget = budget.saturating_sub(kept);
+        }
     }
 
     /// Moves closed regions that are fully read and have no write in flight
@@ -760,21 +1073,14 @@ impl RingBuffer {
         let Some(rc) = ctl.cpus.get(cpu) else {
             return CpuStats::default();
         };
-        let mut t = RegionStats::default();
-        let add = |t: &mut RegionStats, s: RegionStats| {
-            t.committed += s.committed;
-            t.overrun += s.overrun;
-            t.dropped += s.dropped;
-            t.commit_overrun += s.commit_overrun;
-            t.read += s.read;
-        };
+        let mut t = rc.renewed;
         for r in &rc.retired {
-            add(&mut t, r.stats());
+            add_stats(&mut t, r.stats());
         }
         let mut bytes = 0;
         let mut oldest = None;
         for (r, _) in &rc.regions {
-            add(&mut t, r.stats());
+            add_stats(&mut t, r.stats());
             let (b, o) = r.unread_bytes_and_oldest();
             bytes += b;
             if oldest.is_none() {
@@ -1013,6 +1319,11 @@ impl RingBuffer {
         }
         for cpu in 0..self.nr_cpus {
             std::mem::swap(&mut a.cpus[cpu], &mut b.cpus[cpu]);
+            for (rc, serial) in [(&a.cpus[cpu], self.serial), (&b.cpus[cpu], other.serial)] {
+                for r in rc.regions.iter().map(|(r, _)| r).chain(&rc.retired) {
+                    r.set_owner(serial);
+                }
+            }
             let pa = self.slots[cpu].current.load(Ordering::Acquire);
             let pb = other.slots[cpu].current.load(Ordering::Acquire);
             self.slots[cpu].current.store(pb, Ordering::Release);
@@ -1078,6 +1389,36 @@ impl RingBuffer {
     /// Whether the buffer is in flight-recorder mode.
     pub fn is_persistent(&self) -> bool {
         self.persistent.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RingBuffer {
+    /// Unmaps the buffer's regions, except those another buffer still
+    /// keeps for its own writers (regions that a swap moved between the
+    /// two: a snapshot buffer holds the live buffer's former regions). No
+    /// one reads those again, so they are closed here and their pages given
+    /// back: what stays, until the other buffer starts them over (the next
+    /// snapshot, `new_like`) or is dropped, is their file and their header,
+    /// page words and slot map (and `limit_spares` bounds how many).
+    fn drop(&mut self) {
+        let ctl = self.control.get_mut().unwrap_or_else(|e| e.into_inner());
+        ctl.cpus.clear();
+        for r in ctl.keep.drain(..) {
+            if r.owner() != self.serial || Arc::strong_count(&r) == 1 {
+                continue;
+            }
+            r.close();
+            let deadline = Instant::now() + Duration::from_millis(100);
+            while !r.quiescent() && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            // Else the other buffer's `sweep` gives it back once the
+            // write in flight is done.
+            if r.quiescent() {
+                r.mapping().unlink();
+                r.release();
+            }
+        }
     }
 }
 
@@ -1236,5 +1577,33 @@ impl Iterator for Iter<'_> {
         }
         let (_, i) = best?;
         self.cpus[i].pending.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backing_takes_at_most_half_of_what_is_available() {
+        const G: u64 = 1 << 30;
+        // MemAvailable and the shm file system's free space both count.
+        assert!(backing_allows(G, Some(2 * G), Some(2 * G)));
+        assert!(!backing_allows(G + 1, Some(2 * G), Some(100 * G)));
+        assert!(!backing_allows(G + 1, Some(100 * G), Some(2 * G)));
+        // What cannot be read is not a limit (the kernel's own check and
+        // allocation failures still are).
+        assert!(backing_allows(G, None, None));
+        assert!(!backing_allows(G, None, Some(G)));
+    }
+
+    #[test]
+    fn the_ceiling_is_checked_before_any_arithmetic_on_the_size() {
+        let dir = shm::shm_dir();
+        for size in [MAX_SIZE_PER_CPU + 1, usize::MAX] {
+            let e = check_backing(&dir, &[size]).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::OutOfMemory);
+        }
+        check_backing(&dir, &[MAX_SIZE_PER_CPU / 1024]).unwrap();
     }
 }

@@ -68,11 +68,13 @@
 //! # Retirement
 //!
 //! A resize closes a region (no reservation succeeds after that) and
-//! starts a new one. Once the closed region is quiescent and read to its
-//! end it is retired: `release` punches out its pages and sets `released`
-//! in the header, and a reader still holding it then sees it as empty.
-//! The header, page words and slot map stay, for the counters and for
-//! writers that still hold the region's pointer.
+//! starts a new one; `trim` drops the closed region's oldest unread pages
+//! that the new size has no room for. Once the closed region is quiescent
+//! and read to its end it is retired: `release` punches out its pages and
+//! sets `released` in the header, and a reader still holding it then sees
+//! it as empty. The header, page words and slot map stay, for the counters
+//! and for writers that still hold the region's pointer; `restart` later
+//! makes it an empty, open region of its CPU again, in place.
 
 use crate::clock::{self, Clock};
 use crate::page::{
@@ -373,7 +375,16 @@ pub(crate) struct Region {
     cpu: u32,
     /// The page writers are in (see [`PageHint`]).
     page_hint: PageHint,
+    /// Serial of the buffer whose readers own the region (`RingBuffer`
+    /// bookkeeping: a swap moves regions between buffers, and the one that
+    /// owns a region is the one that closes it when it is dropped).
+    owner: AtomicU64,
+    /// `WORDS_KEPT`, or the events the page words held when they were
+    /// given back (`forget_words`), which `stats` counts instead.
+    forgotten: AtomicU64,
 }
+
+const WORDS_KEPT: u64 = u64::MAX;
 
 /// Holds a region's `foreign` count up while a non-owner touches its state.
 struct ForeignGuard<'a>(Option<&'a AtomicU64>);
@@ -517,6 +528,8 @@ impl Region {
             pages_off,
             cpu: cpu as u32,
             page_hint: PageHint::new(),
+            owner: AtomicU64::new(0),
+            forgotten: AtomicU64::new(WORDS_KEPT),
         };
         for slot in 0..nr_pages {
             r.map_word(slot)
@@ -562,6 +575,8 @@ impl Region {
             pages_off: 0,
             cpu: 0,
             page_hint: PageHint::new(),
+            owner: AtomicU64::new(0),
+            forgotten: AtomicU64::new(WORDS_KEPT),
         };
         let magic = r.atomic(OFF_MAGIC).load(Ordering::Acquire);
         // SAFETY: header fields are inside the first 256 bytes (checked above);
@@ -599,6 +614,8 @@ impl Region {
             pages_off: pages,
             cpu,
             page_hint: PageHint::new(),
+            owner: AtomicU64::new(0),
+            forgotten: AtomicU64::new(WORDS_KEPT),
         })
     }
 
@@ -612,6 +629,19 @@ impl Region {
 
     pub(crate) fn nr_pages(&self) -> usize {
         self.nr_pages
+    }
+
+    /// The CPU whose buffer this region is.
+    pub(crate) fn cpu(&self) -> usize {
+        self.cpu as usize
+    }
+
+    pub(crate) fn owner(&self) -> u64 {
+        self.owner.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_owner(&self, serial: u64) {
+        self.owner.store(serial, Ordering::Relaxed);
     }
 
     #[inline]
@@ -949,7 +979,12 @@ impl Region {
         let (lw, rw) = (self.local_word_at(slot), self.remote_word_at(slot));
         let l = lw.load(Ordering::SeqCst);
         let r = rw.load(Ordering::SeqCst);
-        if word_tag(l) > tag || self.is_closed() {
+        // A writer entering page `e` read a position in page `e - 1` or
+        // at its end, and positions only grow, unless the region was
+        // emptied since (a reset, or a retired region started over) while
+        // this writer was preempted: its view is stale, and the page
+        // before `e` is not incomplete, just not there any more.
+        if word_tag(l) > tag || self.is_closed() || self.pos() + D < e * D {
             return Ok(false);
         }
         if word_tag(l) == tag {
@@ -1232,15 +1267,7 @@ impl Region {
 
     /// Empties a closed, quiescent region and reopens it.
     pub(crate) fn reinit(&self) {
-        for slot in 0..self.nr_pages {
-            self.local_word_at(slot).store(0, Ordering::Relaxed);
-            self.remote_word_at(slot).store(0, Ordering::Relaxed);
-            let m = self.map_word(slot).load(Ordering::Relaxed);
-            self.map_word(slot)
-                .store(map_entry(map_phys(m), 0), Ordering::Relaxed);
-        }
-        self.page_hint.start.store(NO_PAGE, Ordering::Relaxed);
-        self.page_hint.place.store(0, Ordering::Relaxed);
+        self.reinit_pages();
         for off in [
             OFF_READ,
             OFF_LOST_REPORTED,
@@ -1252,6 +1279,25 @@ impl Region {
         ] {
             self.atomic(off).store(0, Ordering::Relaxed);
         }
+        self.reopen();
+    }
+
+    /// Empties the page words, slot map and page hint (of a closed,
+    /// quiescent region).
+    fn reinit_pages(&self) {
+        for slot in 0..self.nr_pages {
+            self.local_word_at(slot).store(0, Ordering::Relaxed);
+            self.remote_word_at(slot).store(0, Ordering::Relaxed);
+            let m = self.map_word(slot).load(Ordering::Relaxed);
+            self.map_word(slot)
+                .store(map_entry(map_phys(m), 0), Ordering::Relaxed);
+        }
+        self.page_hint.start.store(NO_PAGE, Ordering::Relaxed);
+        self.page_hint.place.store(0, Ordering::Relaxed);
+    }
+
+    /// Opens an emptied region at position 0, as a new generation.
+    fn reopen(&self) {
         self.atomic(OFF_GENERATION).fetch_add(1, Ordering::SeqCst);
         let state = self.map.ptr().wrapping_add(OFF_STATE).cast::<u64>();
         let _fence = self.fence_owners();
@@ -1363,20 +1409,132 @@ impl Region {
         self.atomic(OFF_RELEASED).load(Ordering::SeqCst) != 0
     }
 
-    /// Gives back the memory of a retired region's pages (and its file
-    /// descriptor), keeping the header, counters, words and slot map that
-    /// statistics and late writers still read. Only for a region that is
-    /// closed, has no write in flight and was read to its end: a writer can
-    /// then only find it closed, and readers that still hold it see
-    /// `released` and treat it as empty (a page copied after the release
-    /// fails the check in `copy_page`).
+    /// Gives back the memory of a retired region's pages, keeping the
+    /// header, counters, words and slot map that statistics and late
+    /// writers still read, and the file (closed later, if ever, by
+    /// `RingBuffer::limit_spares`). Only for a region that is closed, has
+    /// no write in flight and was read to its end: a writer can then only
+    /// find it closed, and readers that still hold it see `released` and
+    /// treat it as empty (a page copied after the release fails the check
+    /// in `copy_page`).
     pub(crate) fn release(&self) {
         debug_assert!(self.is_closed());
         if self.atomic(OFF_RELEASED).swap(1, Ordering::SeqCst) != 0 {
             return;
         }
         self.map
-            .release(self.pages_off, self.map.len() - self.pages_off);
+            .punch(self.pages_off, self.map.len() - self.pages_off);
+    }
+
+    /// Drops the oldest unread pages of a closed region with no write in
+    /// flight until at most `keep` pages of unread data are left, counting
+    /// their events as overrun (the kernel's shrink loses its oldest pages
+    /// the same way), and gives their memory back. Returns how many pages
+    /// of unread data are left.
+    pub(crate) fn trim(&self, keep: usize) -> usize {
+        debug_assert!(self.is_closed());
+        let n = self.nr_pages as u64;
+        let (first, end) = self.unread_range();
+        let unread = end.saturating_sub(first);
+        if unread <= keep as u64 {
+            return unread as usize;
+        }
+        let cut = end - keep as u64;
+        let mut physical = Vec::new();
+        for s in first..cut {
+            let w = self.load_word(s);
+            let entries = if word_tag(w) == s / n + 1 {
+                word_entries(w)
+            } else {
+                0
+            };
+            self.push_reader(s, entries);
+            let (_, m, mapped) = self.map_of(s);
+            if mapped {
+                physical.push(map_phys(m).min(self.nr_pages));
+            }
+        }
+        // Pages swapped out to the page reader are its own; the rest go
+        // back, in runs of neighbouring pages.
+        physical.sort_unstable();
+        let mut i = 0;
+        while i < physical.len() {
+            let mut j = i + 1;
+            while j < physical.len() && physical[j] == physical[j - 1] + 1 {
+                j += 1;
+            }
+            self.map.punch(
+                self.pages_off + physical[i] * PAGE_SIZE,
+                (j - i) * PAGE_SIZE,
+            );
+            i = j;
+        }
+        keep
+    }
+
+    /// Gives back the page words and slot map of a released region that
+    /// will not be started over (its file is closed), past the first page:
+    /// that one holds the header, which the write fast path reads without
+    /// looking at anything else. A late writer that gets further reads
+    /// zeros there, and cannot get past the closed state.
+    ///
+    /// The header's counters stay live (a forked child still counts its
+    /// refused writes there); the events the words held are kept aside.
+    pub(crate) fn forget_words(&self) {
+        debug_assert!(self.is_released() && !self.map.has_fd());
+        let in_words = self.stats().committed - self.atomic(OFF_RETIRED).load(Ordering::SeqCst);
+        if self.forgotten.swap(in_words, Ordering::SeqCst) != WORDS_KEPT {
+            return;
+        }
+        if self.pages_off > PAGE_SIZE {
+            self.map.punch(PAGE_SIZE, self.pages_off - PAGE_SIZE);
+        }
+    }
+
+    /// The pages holding unread data: sequence numbers `first..end`.
+    fn unread_range(&self) -> (u64, u64) {
+        let end = self.pos().div_ceil(D);
+        let first = (self.read_pos() / D).max(end.saturating_sub(self.nr_pages as u64));
+        (first, end)
+    }
+
+    /// How many pages hold unread data (the page being written counts).
+    pub(crate) fn unread_pages(&self) -> usize {
+        let (first, end) = self.unread_range();
+        end.saturating_sub(first) as usize
+    }
+
+    /// Starts a retired region (closed, quiescent, released, its file
+    /// still open) over as an empty region of the same CPU and size, in
+    /// place: [`Region::reinit`], and its pages come back as they are
+    /// written. Writers that still hold this region from before it was
+    /// retired find an open, empty region of their own CPU (as after a
+    /// reset), and a forked child that inherited it still counts its
+    /// refused writes where the parent sees them: the file is the same.
+    ///
+    /// Returns the counters it had, for the buffer's statistics: they are
+    /// taken out with swaps, so a count a late writer (or a forked child)
+    /// adds meanwhile lands either in them or in the fresh region's.
+    pub(crate) fn restart(&self) -> RegionStats {
+        debug_assert!(self.is_released() && self.map.has_fd());
+        // Closed and quiescent: the words and slot map change no more (a
+        // late writer's moves are compare-and-swaps from values of a lap
+        // that is over, as in `reinit`).
+        let in_words = self.stats().committed - self.atomic(OFF_RETIRED).load(Ordering::SeqCst);
+        let take = |off| self.atomic(off).swap(0, Ordering::SeqCst);
+        let had = RegionStats {
+            committed: take(OFF_RETIRED) + in_words,
+            overrun: take(OFF_OVERRUN),
+            dropped: take(OFF_DROPPED),
+            commit_overrun: take(OFF_COMMIT_OVERRUN),
+            read: take(OFF_READ_EVENTS),
+        };
+        self.reinit_pages();
+        self.atomic(OFF_READ).store(0, Ordering::SeqCst);
+        self.atomic(OFF_LOST_REPORTED).store(0, Ordering::SeqCst);
+        self.atomic(OFF_RELEASED).store(0, Ordering::SeqCst);
+        self.reopen();
+        had
     }
 
     /// Reads one step at position `pos`, `ts_hint` being the time at `pos`
@@ -1702,8 +1860,12 @@ impl Region {
     pub(crate) fn stats(&self) -> RegionStats {
         let n = self.nr_pages as u64;
         let p = self.pos();
+        let forgotten = self.forgotten.load(Ordering::SeqCst);
         let mut current = 0;
-        if p > 0 {
+        if forgotten != WORDS_KEPT {
+            // The words are gone (they read as zeros).
+            current = forgotten;
+        } else if p > 0 {
             let last = (p - 1) / D;
             for idx in 0..n {
                 if last < idx {
@@ -1781,6 +1943,30 @@ mod tests {
         let p = unsafe { std::slice::from_raw_parts_mut(raw.payload, 60) };
         p[..4].copy_from_slice(&i.to_le_bytes());
         r.commit(&raw);
+    }
+
+    #[test]
+    fn a_writer_preempted_across_a_restart_looks_again_instead_of_failing() {
+        let r = region("restart", 3);
+        let mut next = 0;
+        // Into the second lap: entering page 4 checks that page 1 is complete.
+        write_until_page(&r, &mut next, 4);
+        let stale = 4;
+        // Retired and started over while that writer was preempted, with
+        // its view of page 4 to enter.
+        r.close();
+        assert!(r.quiescent());
+        let _ = r.consume(&mut r.reader_start(), false);
+        r.atomic(OFF_READ)
+            .store(read_pack(r.pos().div_ceil(D) * D, 0), Ordering::SeqCst);
+        r.release();
+        r.restart();
+        write(&r, next);
+        assert!(matches!(r.prepare_page(stale, true), Ok(false)));
+        assert!(matches!(r.prepare_page(stale, false), Ok(false)));
+        let st = r.stats();
+        assert_eq!((st.commit_overrun, st.dropped), (0, 0), "{st:?}");
+        assert_eq!(st.committed, 1);
     }
 
     #[test]

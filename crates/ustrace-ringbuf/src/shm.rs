@@ -236,23 +236,31 @@ impl Mapping {
         }
     }
 
-    /// Gives back the memory of `[offset, offset + len)` (page aligned) and
-    /// closes the file, for a mapping nothing will store into again: reads
-    /// of the range see zeros from then on, and the mapping itself stays
-    /// valid for whoever still holds it. Best effort: a file system that
-    /// cannot punch holes keeps the memory.
-    pub(crate) fn release(&self, offset: usize, len: usize) {
+    /// Whether the file is still open (another process can reach it).
+    pub(crate) fn has_fd(&self) -> bool {
+        self.fd.load(Ordering::Relaxed) >= 0
+    }
+
+    /// Closes the file; the mapping stays, valid for whoever still holds it.
+    pub(crate) fn close_fd(&self) {
+        let fd = self.fd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: our fd, taken out of the mapping so nothing uses it again.
+            unsafe { libc::close(fd) };
+        }
+    }
+
+    /// Gives back the memory of `[offset, offset + len)` (page aligned):
+    /// reads of the range see zeros from then on, and writes allocate
+    /// afresh. Best effort: a file system that cannot punch holes keeps the
+    /// memory.
+    pub(crate) fn punch(&self, offset: usize, len: usize) {
         debug_assert!(offset.is_multiple_of(4096) && offset + len <= self.len);
         if len > 0 {
             // SAFETY: the range lies inside our shared mapping; MADV_REMOVE
             // frees its backing store and later accesses fault in zero pages,
             // so no reader of the mapping can fault on it.
             unsafe { libc::madvise(self.ptr.add(offset).cast(), len, libc::MADV_REMOVE) };
-        }
-        let fd = self.fd.swap(-1, Ordering::Relaxed);
-        if fd >= 0 {
-            // SAFETY: our fd, taken out of the mapping so nothing uses it again.
-            unsafe { libc::close(fd) };
         }
     }
 

@@ -46,6 +46,9 @@ pub fn serve() -> std::io::Result<std::path::PathBuf> {
     if let Some(handle) = server.as_ref() {
         return Ok(handle.socket_path().to_path_buf());
     }
+    // A tracefs whose top-level buffer cannot be had is an error here, not a panic in the
+    // thread that answers the first client.
+    trace::try_tracing()?;
     let handle = ustrace_ctl::server::serve(std::sync::Arc::new(TraceFs))?;
     let path = handle.socket_path().to_path_buf();
     *server = Some(handle);

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 
 use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
-use ustrace_ringbuf::{Config, RingBuffer};
 
 use crate::trace::{Instance, Shared};
 use crate::tracefs::files::{parse_ulong, TextFile};
@@ -44,16 +43,14 @@ fn render(instance: &Instance) -> String {
 pub(crate) fn allocate(shared: &Shared) -> Result<(), Errno> {
     let mut guard = shared.snapshot.lock().unwrap_or_else(|e| e.into_inner());
     if guard.is_none() {
-        let live = &shared.buffer;
+        // Shaped like the live buffer CPU by CPU, and made of the regions an earlier snapshot
+        // left the live buffer (see `RingBuffer::new_like`), so that taking and freeing
+        // snapshots over and over holds no more memory or files than one snapshot does.
         *guard = Some(
-            RingBuffer::new(Config {
-                nr_cpus: live.nr_cpus(),
-                size_per_cpu: live.size_per_cpu(),
-                overwrite: live.overwrite(),
-                clock: live.clock(),
-                name: "snapshot".into(),
-            })
-            .map_err(|_| Errno::ENOMEM)?,
+            shared
+                .buffer
+                .new_like("snapshot")
+                .map_err(|_| Errno::ENOMEM)?,
         );
     }
     Ok(())

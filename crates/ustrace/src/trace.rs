@@ -788,11 +788,26 @@ pub(crate) fn existing_tracing() -> Option<&'static Tracing> {
 }
 
 /// The process's tracing state, created on first use.
+///
+/// # Panics
+/// If the top-level buffer cannot be allocated (no memory, no file descriptor left);
+/// [`try_tracing`] reports that as an error instead, and is what the library itself uses.
 pub fn tracing() -> &'static Tracing {
-    TRACING.get_or_init(|| Tracing {
-        top: Instance::new("").expect("cannot allocate the top-level trace buffer"),
+    try_tracing().unwrap_or_else(|e| panic!("cannot allocate the top-level trace buffer: {e}"))
+}
+
+/// The process's tracing state, created on first use; an error if the top-level buffer
+/// cannot be allocated now (a later call tries again).
+pub fn try_tracing() -> std::io::Result<&'static Tracing> {
+    if let Some(tracing) = TRACING.get() {
+        return Ok(tracing);
+    }
+    // Two threads may both get here: one's instance is kept, the other's dropped unused.
+    let mut top = Some(Instance::new("")?);
+    Ok(TRACING.get_or_init(|| Tracing {
+        top: top.take().expect("taken once"),
         instances: RwLock::new(BTreeMap::new()),
-    })
+    }))
 }
 
 impl Tracing {

@@ -27,7 +27,7 @@ use ustrace_ringbuf::clock::Clock;
 
 use crate::event::registry::registry;
 use crate::options::OPTIONS;
-use crate::trace::{tracing, EventFile, Instance};
+use crate::trace::{try_tracing, EventFile, Instance, Tracing};
 use files::{parse_bool, parse_ulong, text_arg, TextFile, WriteFn};
 use pipe::TracePipe;
 
@@ -130,9 +130,15 @@ fn find_name(table: &'static [(&'static str, u32)], name: &str) -> Option<&'stat
     table.iter().find(|(n, _)| *n == name).map(|(n, _)| *n)
 }
 
+/// The tracing state, or `ENOMEM` when its top-level buffer cannot be allocated (the
+/// kernel's answer when a buffer cannot be had), rather than a panic in the caller.
+fn tracing() -> Result<&'static Tracing, Errno> {
+    try_tracing().map_err(|_| Errno::ENOMEM)
+}
+
 fn resolve(path: &str) -> Result<Node, Errno> {
     let parts = components(path)?;
-    let tracing = tracing();
+    let tracing = tracing()?;
     let (instance, rest, top) = match parts.as_slice() {
         ["instances"] => return Ok(Node::Dir(Dir::Instances)),
         ["instances", name, rest @ ..] => (
@@ -338,7 +344,7 @@ impl FileSystem for TraceFs {
                 }
             }
             Dir::Instances => {
-                entries.extend(tracing().instance_names().iter().map(|n| dir_entry(n)));
+                entries.extend(tracing()?.instance_names().iter().map(|n| dir_entry(n)));
             }
             Dir::PerCpu(instance) => {
                 for cpu in 0..instance.buffer().nr_cpus() {
@@ -360,7 +366,7 @@ impl FileSystem for TraceFs {
 
     fn mkdir(&self, path: &str) -> Result<(), Errno> {
         match components(path)?.as_slice() {
-            ["instances", name] => tracing().create_instance(name).map(|_| ()),
+            ["instances", name] => tracing()?.create_instance(name).map(|_| ()),
             parts => match resolve(&parts.join("/")) {
                 Ok(_) => Err(Errno::EEXIST),
                 Err(_) => Err(Errno::EPERM),
@@ -370,7 +376,7 @@ impl FileSystem for TraceFs {
 
     fn rmdir(&self, path: &str) -> Result<(), Errno> {
         match components(path)?.as_slice() {
-            ["instances", name] => tracing().remove_instance(name),
+            ["instances", name] => tracing()?.remove_instance(name),
             parts => match resolve(&parts.join("/"))? {
                 Node::Dir(_) => Err(Errno::EPERM),
                 Node::File(_) => Err(Errno::ENOTDIR),
@@ -590,14 +596,8 @@ fn open_instance_file(
         "buffer_size_kb" => rw(
             buffer_size_text(instance.buffer()),
             Box::new(move |data| {
-                let kb = parse_ulong(data)?;
-                if kb == 0 {
-                    return Err(Errno::EINVAL);
-                }
-                instance
-                    .buffer()
-                    .resize(kb as usize * 1024)
-                    .map_err(|_| Errno::ENOMEM)?;
+                let bytes = buffer_bytes(data)?;
+                instance.buffer().resize(bytes).map_err(|_| Errno::ENOMEM)?;
                 Ok(data.len())
             }),
         ),
@@ -723,19 +723,31 @@ fn open_cpu_file(
         "buffer_size_kb" => rw(
             format!("{}\n", instance.buffer().size_of_cpu(cpu) / 1024),
             Box::new(move |data| {
-                let kb = parse_ulong(data)?;
-                if kb == 0 {
-                    return Err(Errno::EINVAL);
-                }
+                let bytes = buffer_bytes(data)?;
                 instance
                     .buffer()
-                    .resize_cpu(cpu, kb as usize * 1024)
+                    .resize_cpu(cpu, bytes)
                     .map_err(|_| Errno::ENOMEM)?;
                 Ok(data.len())
             }),
         ),
         _ => Err(Errno::ENOENT),
     }
+}
+
+/// The bytes a `buffer_size_kb` write asks for per CPU. `0` is `EINVAL` and a number past
+/// `u64` `ERANGE`, as on the kernel. A number of KiB whose bytes do not fit is `ENOMEM`,
+/// as every size above the ceiling (`ustrace_ringbuf::MAX_SIZE_PER_CPU`) is: the kernel
+/// shifts it into bytes unchecked, so that from 2^54 KiB on it wraps and 18014398509481984
+/// gives the smallest buffer; a size that large cannot be backed, and we say so.
+fn buffer_bytes(data: &[u8]) -> Result<usize, Errno> {
+    let kb = parse_ulong(data)?;
+    if kb == 0 {
+        return Err(Errno::EINVAL);
+    }
+    kb.checked_mul(1024)
+        .and_then(|bytes| usize::try_from(bytes).ok())
+        .ok_or(Errno::ENOMEM)
 }
 
 /// `buffer_size_kb`: the size every CPU has, or `X` when they differ, as the kernel shows.
