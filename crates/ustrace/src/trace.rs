@@ -608,6 +608,9 @@ pub struct Tracing {
 
 static TRACING: OnceLock<Tracing> = OnceLock::new();
 
+/// The longest instance name, in bytes (the kernel's `NAME_MAX`).
+const NAME_MAX: usize = 255;
+
 /// The tracing state if it was ever created (never creates it; safe after `fork`).
 pub(crate) fn existing_tracing() -> Option<&'static Tracing> {
     TRACING.get()
@@ -670,6 +673,11 @@ impl Tracing {
     pub fn create_instance(&self, name: &str) -> Result<Arc<Instance>, Errno> {
         if name.is_empty() || name.contains('/') || name == "." || name == ".." {
             return Err(Errno::EINVAL);
+        }
+        // A directory name, so the VFS's NAME_MAX limit; the kernel takes any other bytes
+        // (spaces, `*`, `:`, newlines; checked on 6.18).
+        if name.len() > NAME_MAX {
+            return Err(Errno(libc::ENAMETOOLONG));
         }
         let mut instances = self.instances.write().unwrap_or_else(|e| e.into_inner());
         if instances.contains_key(name) {

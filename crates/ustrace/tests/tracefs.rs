@@ -550,3 +550,89 @@ fn error_log_and_saved_cmdlines_exist() {
         Some(Errno::ENOENT)
     );
 }
+
+/// Fires `sched_switch` once from a new thread named `name`, so its name is saved.
+fn fire_from_thread(name: &str) -> i32 {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(|| {
+            sched_switch::trace(7, 8);
+            // SAFETY: gettid has no arguments and cannot fail.
+            unsafe { libc::gettid() }
+        })
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+// ftrace.rst "saved_cmdlines_size"; the bounds are the kernel's (1..=PID_MAX_DEFAULT).
+#[test]
+fn saved_cmdlines_size_resizes_the_table_and_rejects_bad_sizes() {
+    let t = Instance::new("cmdlines");
+    t.write("events/tsched/sched_switch/enable", "1\n").unwrap();
+    for bad in ["0\n", "99999999999\n", "32769\n", "-1\n", "abc\n"] {
+        assert_eq!(
+            write("saved_cmdlines_size", bad, false),
+            Err(Errno::EINVAL),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        write("saved_cmdlines_size", "18446744073709551616\n", false),
+        Err(Errno(libc::ERANGE))
+    );
+    assert_eq!(read("saved_cmdlines_size").unwrap(), "128\n");
+
+    write("saved_cmdlines_size", "2\n", false).unwrap();
+    assert_eq!(read("saved_cmdlines_size").unwrap(), "2\n");
+    let tids: Vec<i32> = ["cmdA", "cmdB", "cmdC"]
+        .iter()
+        .map(|n| fire_from_thread(n))
+        .collect();
+    let saved = read("saved_cmdlines").unwrap();
+    write("saved_cmdlines_size", "128\n", false).unwrap();
+    // The first thread's slot was taken by the third: only the last two distinct threads.
+    assert_eq!(
+        saved,
+        format!("{} cmdB\n{} cmdC\n", tids[1], tids[2]),
+        "saved_cmdlines with size 2"
+    );
+    // Growing keeps what was there.
+    let grown = read("saved_cmdlines").unwrap();
+    assert!(grown.contains(&format!("{} cmdB\n", tids[1])), "{grown}");
+    assert!(grown.contains(&format!("{} cmdC\n", tids[2])), "{grown}");
+    write("saved_cmdlines_size", "32768\n", false).unwrap();
+    write("saved_cmdlines_size", "128\n", false).unwrap();
+    t.write("events/tsched/sched_switch/enable", "0\n").unwrap();
+}
+
+#[test]
+fn reading_trace_marker_is_einval() {
+    let t = Instance::new("marker-read");
+    assert_eq!(read(&t.path("trace_marker")).err(), Some(Errno::EINVAL));
+    assert_eq!(read("trace_marker").err(), Some(Errno::EINVAL));
+}
+
+#[test]
+fn instance_names_follow_the_vfs_limits() {
+    let fs = ustrace::tracefs();
+    let long = "n".repeat(256);
+    assert_eq!(
+        fs.mkdir(&format!("instances/{long}")),
+        Err(Errno(libc::ENAMETOOLONG))
+    );
+    assert_eq!(
+        fs.stat(&format!("instances/{long}")).err(),
+        Some(Errno(libc::ENAMETOOLONG))
+    );
+    assert!(ustrace::trace::tracing().create_instance(&long).is_err());
+    // 255 bytes and any other bytes are fine, as on the kernel.
+    for name in [
+        "m".repeat(255),
+        "a b:c*d".to_string(),
+        "tab\there".to_string(),
+    ] {
+        fs.mkdir(&format!("instances/{name}")).unwrap();
+        fs.rmdir(&format!("instances/{name}")).unwrap();
+    }
+}

@@ -79,6 +79,9 @@ const CPU_FILES: &[(&str, u32)] = &[
     ("trace_pipe_raw", 0o444),
 ];
 
+/// The longest name of one path component (the kernel's `NAME_MAX`).
+const NAME_MAX: usize = 255;
+
 /// What a path names.
 enum Node {
     Dir(Dir),
@@ -120,6 +123,10 @@ fn components(path: &str) -> Result<Vec<&str>, Errno> {
         .collect();
     if parts.contains(&"..") {
         return Err(Errno::EINVAL);
+    }
+    // The VFS refuses a longer name in any component before tracefs sees it.
+    if parts.iter().any(|p| p.len() > NAME_MAX) {
+        return Err(Errno(libc::ENAMETOOLONG));
     }
     Ok(parts)
 }
@@ -517,8 +524,11 @@ fn open_instance_file(
         ),
         "saved_cmdlines" => text(crate::thread::saved_cmdlines()),
         "saved_cmdlines_size" => rw(
-            format!("{}\n", crate::thread::SAVED_CMDLINES_SIZE),
-            Box::new(|data| parse_ulong(data).map(|_| data.len())),
+            format!("{}\n", crate::thread::saved_cmdlines_size()),
+            Box::new(|data| {
+                crate::thread::set_saved_cmdlines_size(parse_ulong(data)?)?;
+                Ok(data.len())
+            }),
         ),
         "tracing_on" => rw(
             if instance.buffer().is_recording() {
@@ -548,10 +558,7 @@ fn open_instance_file(
             false,
             flags.nonblock,
         ))),
-        "trace_marker" => rw(
-            "",
-            Box::new(move |data| crate::marker::write(&instance, data)),
-        ),
+        "trace_marker" => Ok(Box::new(crate::marker::MarkerFile::new(instance))),
         "trace_clock" => rw(
             clock_listing(instance.buffer().clock()),
             Box::new(move |data| {
