@@ -636,3 +636,42 @@ fn instance_names_follow_the_vfs_limits() {
         fs.rmdir(&format!("instances/{name}")).unwrap();
     }
 }
+
+// ftrace.rst/README: `set_event` takes `:mod:MODULE`; a module is the declaring crate,
+// here this test binary's crate, `tracefs`.
+#[test]
+fn set_event_mod_selects_the_events_a_crate_declares() {
+    let t = Instance::new("set-event-mod");
+    t.write("set_event", ":mod:tracefs\n").unwrap();
+    let all = t.read("set_event");
+    assert_eq!(
+        all,
+        "tformat:all_kinds\ntirq:irq_handler_entry\ntirq:softirq_entry\n\
+         tsched:sched_switch\ntsched:sched_wakeup\n"
+    );
+    t.append("set_event", "!tirq:mod:tracefs\n").unwrap();
+    assert_eq!(
+        t.read("set_event"),
+        "tformat:all_kinds\ntsched:sched_switch\ntsched:sched_wakeup\n"
+    );
+    t.write("set_event", "tsched:sched_switch:mod:tracefs\n")
+        .unwrap();
+    assert_eq!(t.read("set_event"), "tsched:sched_switch\n");
+    t.write("set_event", "*:mod:tracefs\n").unwrap();
+    assert_eq!(t.read("set_event"), all);
+    t.write("set_event", "!*:*:mod:tracefs\n").unwrap();
+    assert_eq!(t.read("set_event"), "");
+    // A crate that declares no events, or none of those named: EINVAL, nothing applied.
+    t.write("set_event", "tsched\n").unwrap();
+    for bad in [
+        ":mod:nosuchcrate\n",
+        "tsched:mod:ustrace\n",
+        "tirq sched_switch:mod:nosuch\n",
+    ] {
+        assert_eq!(t.append("set_event", bad), Err(Errno::EINVAL), "{bad:?}");
+    }
+    assert_eq!(
+        t.read("set_event"),
+        "tsched:sched_switch\ntsched:sched_wakeup\n"
+    );
+}
