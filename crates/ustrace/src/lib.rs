@@ -16,6 +16,7 @@
 //! - [`tracefs`]: the file tree, as the kernel's `/sys/kernel/tracing`.
 //! - [`output`]: kernel-identical text output.
 
+pub mod cpumask;
 pub mod dynevent;
 pub mod dynevent_cmd;
 pub mod event;

@@ -40,6 +40,8 @@ mod flag {
     pub const TRIGGER_COND: u32 = 1 << 5;
     /// The instance filters by thread id.
     pub const PID_FILTER: u32 = 1 << 6;
+    /// `tracing_cpumask` leaves some CPU out, so records are checked aside first.
+    pub const CPU_MASK: u32 = 1 << 7;
 }
 
 /// One event in one instance: whether it records, its filter, its triggers.
@@ -71,6 +73,7 @@ pub(crate) struct Shared {
     pub(crate) record_cmd: AtomicBool,
     pub(crate) snapshot: Mutex<Option<RingBuffer>>,
     pub(crate) pids: RcuCell<crate::filter::PidLists>,
+    pub(crate) cpumask: crate::cpumask::CpuMask,
 }
 
 impl Shared {
@@ -130,7 +133,8 @@ impl EventFile {
     #[inline(always)]
     pub fn record(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
         let flags = self.flags.load(Ordering::Relaxed);
-        if flags & (flag::FILTERED | flag::TRIGGER_COND | flag::SOFT_DISABLED) != 0 {
+        if flags & (flag::FILTERED | flag::TRIGGER_COND | flag::SOFT_DISABLED | flag::CPU_MASK) != 0
+        {
             return self.record_checked(len, flags, fill);
         }
         self.record_direct(len, fill);
@@ -145,7 +149,7 @@ impl EventFile {
             // `traceoff` keeps the marker that fired it.
             flags |= flag::TRIGGER_COND;
         }
-        if flags & (flag::FILTERED | flag::TRIGGER_COND) != 0 {
+        if flags & (flag::FILTERED | flag::TRIGGER_COND | flag::CPU_MASK) != 0 {
             return self.record_checked(len, flags, fill);
         }
         self.record_direct(len, fill);
@@ -223,6 +227,9 @@ impl EventFile {
             0
         };
         if flags & flag::SOFT_DISABLED != 0 {
+            return (false, fired);
+        }
+        if flags & flag::CPU_MASK != 0 && !self.shared.cpumask.allows_current() {
             return (false, fired);
         }
         if flags & flag::FILTERED != 0 {
@@ -357,6 +364,14 @@ impl EventFile {
         set(flag::TRIGGER_COND, conditional);
     }
 
+    pub(crate) fn set_cpu_masked(&self, on: bool) {
+        if on {
+            self.flags.fetch_or(flag::CPU_MASK, Ordering::Relaxed);
+        } else {
+            self.flags.fetch_and(!flag::CPU_MASK, Ordering::Relaxed);
+        }
+    }
+
     fn set_pid_filter(&self, on: bool) {
         if on {
             self.flags.fetch_or(flag::PID_FILTER, Ordering::Relaxed);
@@ -426,6 +441,7 @@ impl Instance {
             record_cmd: AtomicBool::new(true),
             snapshot: Mutex::new(None),
             pids: RcuCell::empty(),
+            cpumask: crate::cpumask::CpuMask::full(nr_cpus),
         });
         let instance = Arc::new(Instance {
             name: name.to_string(),
@@ -463,6 +479,7 @@ impl Instance {
             trigger_list: Mutex::new(Vec::new()),
         });
         file.set_pid_filter(pid_filter);
+        file.set_cpu_masked(!self.shared.cpumask.is_full());
         self.files
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -551,6 +568,17 @@ impl Instance {
             Some(text) => map.insert(system.to_string(), text),
             None => map.remove(system),
         };
+    }
+
+    /// Applies a `tracing_cpumask` write and tells every event file whether to check it.
+    pub(crate) fn write_cpumask(&self, data: &[u8]) -> Result<(), Errno> {
+        let _serialize = self.pid_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.shared.cpumask.write(data)?;
+        let masked = !self.shared.cpumask.is_full();
+        for file in self.files() {
+            file.set_cpu_masked(masked);
+        }
+        Ok(())
     }
 
     /// The pid lists (`set_event_pid`, `set_event_notrace_pid`).

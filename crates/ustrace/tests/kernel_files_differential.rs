@@ -149,3 +149,70 @@ fn instance_names_are_refused_alike() {
         assert_eq!(ours, kernel, "mkdir instances/{name:?}");
     }
 }
+
+#[test]
+fn tracing_cpumask_parses_and_prints_alike() {
+    skip_unless_kernel!();
+    let k = KernelInstance::create("cpumask");
+    let fs = ustrace::tracefs();
+    let ours = format!("instances/ustrace-files-cpumask-{}", std::process::id());
+    let _ = fs.rmdir(&ours);
+    fs.mkdir(&ours).unwrap();
+    let kernel_file = k.0.join("tracing_cpumask");
+    let our_file = format!("{ours}/tracing_cpumask");
+    assert_eq!(
+        our_read(&our_file),
+        kernel_read(&kernel_file),
+        "initial mask"
+    );
+    let mut cases: Vec<Vec<u8>> = [
+        "1",
+        "2\n",
+        "0",
+        "3",
+        "f",
+        "ff",
+        "100",
+        "0x1",
+        "1,0",
+        "00000000,00000001",
+        "g",
+        "",
+        "\n",
+        " 1",
+        "1 ",
+        "1\n\n",
+        "0,1",
+        ",1",
+        "1,",
+        "-1",
+        "+1",
+        "1\0x",
+        "ffffffff",
+        "1ffffffff",
+        "00000001",
+        "000000001",
+        "1 2",
+        "1,,",
+        "ffffffff,ffffffff,ffffffff",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    cases.push(vec![b'1'; 5000]);
+    cases.push(vec![b','; 4000]);
+    let mut diffs = Vec::new();
+    for case in &cases {
+        let k = kernel_write(&kernel_file, case);
+        let o = our_write(&our_file, case);
+        let (kr, or) = (kernel_read(&kernel_file), our_read(&our_file));
+        if k != o || kr != or {
+            diffs.push(format!(
+                "{:?}: kernel {k:?} -> {kr:?}, ours {o:?} -> {or:?}",
+                String::from_utf8_lossy(&case[..case.len().min(40)])
+            ));
+        }
+    }
+    let _ = fs.rmdir(&ours);
+    assert!(diffs.is_empty(), "{diffs:#?}");
+}

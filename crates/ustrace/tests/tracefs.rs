@@ -675,3 +675,99 @@ fn set_event_mod_selects_the_events_a_crate_declares() {
         "tsched:sched_switch\ntsched:sched_wakeup\n"
     );
 }
+
+/// Runs `f` on a thread pinned to `cpu`.
+fn on_cpu<T: Send + 'static>(cpu: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity only
+        // touch it and the calling thread's affinity.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0,
+                "pin to cpu {cpu}"
+            );
+        }
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+// ftrace.rst "tracing_cpumask": events on a CPU left out of the mask are not recorded.
+#[test]
+fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
+    let nr = ustrace::trace::tracing().top().buffer().nr_cpus();
+    // SAFETY: sched_getaffinity writes only the set it is given.
+    let usable = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+        (0..2).all(|c| libc::CPU_ISSET(c, &set))
+    };
+    if nr < 2 || !usable {
+        eprintln!("skipped: needs CPUs 0 and 1 (have {nr} buffers)");
+        return;
+    }
+    let t = Instance::new("cpumask");
+    let full = t.read("tracing_cpumask");
+    assert_eq!(
+        read("tracing_cpumask").unwrap(),
+        full,
+        "top and instance agree"
+    );
+    t.write("events/tsched/sched_switch/enable", "1\n").unwrap();
+    // Only CPU 1.
+    t.write("tracing_cpumask", "2\n").unwrap();
+    assert!(t
+        .read("tracing_cpumask")
+        .trim_start_matches('0')
+        .starts_with('2'));
+    let marker = t.path("trace_marker");
+    on_cpu(0, move || {
+        sched_switch::trace(100, 0);
+        common::write(&marker, "from cpu0").unwrap();
+    });
+    let marker = t.path("trace_marker");
+    on_cpu(1, move || {
+        sched_switch::trace(101, 1);
+        common::write(&marker, "from cpu1").unwrap();
+    });
+    let lines = body_lines(&t.read("trace"));
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].contains("[001]") && lines[0].contains("prev_pid=101"),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].contains("[001]") && lines[1].contains("from cpu1"),
+        "{lines:?}"
+    );
+    // Triggers still run on a masked CPU's events, as the kernel's do.
+    t.write("events/tsched/sched_switch/trigger", "traceoff\n")
+        .unwrap();
+    on_cpu(0, || sched_switch::trace(102, 0));
+    assert_eq!(t.read("tracing_on"), "0\n");
+    t.write("events/tsched/sched_switch/trigger", "!traceoff\n")
+        .unwrap();
+    t.write("tracing_on", "1\n").unwrap();
+    // A rejected write keeps the mask; the full mask records everywhere again.
+    assert_eq!(t.write("tracing_cpumask", "g\n"), Err(Errno::EINVAL));
+    assert!(t
+        .read("tracing_cpumask")
+        .trim_start_matches('0')
+        .starts_with('2'));
+    t.write("tracing_cpumask", &full).unwrap();
+    assert_eq!(t.read("tracing_cpumask"), full);
+    on_cpu(0, || sched_switch::trace(103, 0));
+    let lines = body_lines(&t.read("trace"));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("[000]") && l.contains("prev_pid=103")),
+        "{lines:?}"
+    );
+    // Other instances were never masked.
+    assert_eq!(read("tracing_cpumask").unwrap(), full);
+}

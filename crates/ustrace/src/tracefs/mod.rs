@@ -58,6 +58,7 @@ const INSTANCE_FILES: &[(&str, u32)] = &[
     ("trace_options", 0o644),
     ("trace_pipe", 0o444),
     ("tracing_on", 0o644),
+    ("tracing_cpumask", 0o644),
 ];
 
 /// Files only the top-level directory has.
@@ -552,6 +553,13 @@ fn open_instance_file(
             };
             rw(content, Box::new(|data| Ok(data.len())))
         }
+        "tracing_cpumask" => rw(
+            instance.shared.cpumask.text(),
+            Box::new(move |data| {
+                instance.write_cpumask(data)?;
+                Ok(data.len())
+            }),
+        ),
         "trace_pipe" => Ok(Box::new(TracePipe::new(
             instance,
             None,
