@@ -104,6 +104,8 @@ fn first_sight(record_cmd: &AtomicBool) -> i32 {
     // SAFETY: gettid has no arguments and cannot fail.
     let tid = unsafe { libc::gettid() };
     let _ = TID.try_with(|t| t.set(tid));
+    // With event-fork, a listed thread leaves set_event_pid when it exits.
+    crate::filter::watch_thread_exit();
     if record_cmd.load(Ordering::Relaxed) {
         save_comm(tid, &current_comm());
     }

@@ -771,3 +771,68 @@ fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
     // Other instances were never masked.
     assert_eq!(read("tracing_cpumask").unwrap(), full);
 }
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+// ftrace.rst `event-fork`: the kernel's tasks are threads, so a thread created by a
+// listed thread is traced too, and leaves the list when it exits.
+#[test]
+fn event_fork_follows_new_threads_and_their_exit() {
+    let t = Instance::new("event-fork-threads");
+    t.write("events/tsched/sched_switch/enable", "1\n").unwrap();
+    t.write("options/event-fork", "1\n").unwrap();
+    let me = gettid();
+    t.write("set_event_pid", &format!("{me}\n")).unwrap();
+    let pids_path = t.path("set_event_pid");
+    let (child, seen_inside, grandchild, seen_by_grandchild) = std::thread::spawn(move || {
+        let child = gettid();
+        sched_switch::trace(child, 1);
+        let seen = read(&pids_path).unwrap();
+        // A thread of a followed thread is followed too.
+        let pids_path2 = pids_path.clone();
+        let (grandchild, seen2) = std::thread::spawn(move || {
+            sched_switch::trace(gettid(), 2);
+            (gettid(), read(&pids_path2).unwrap())
+        })
+        .join()
+        .unwrap();
+        (child, seen, grandchild, seen2)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(seen_inside, sorted(&[me, child]));
+    assert_eq!(seen_by_grandchild, sorted(&[me, child, grandchild]));
+    // Both have exited: gone from the list.
+    assert_eq!(t.read("set_event_pid"), format!("{me}\n"));
+    let lines = body_lines(&t.read("trace"));
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].contains(&format!("prev_pid={child} ")),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].contains(&format!("prev_pid={grandchild} ")),
+        "{lines:?}"
+    );
+
+    // Without event-fork, a new thread is not added.
+    t.write("options/event-fork", "0\n").unwrap();
+    let pids_path = t.path("set_event_pid");
+    let seen = std::thread::spawn(move || {
+        sched_switch::trace(gettid(), 3);
+        read(&pids_path).unwrap()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(seen, format!("{me}\n"));
+    assert_eq!(body_lines(&t.read("trace")).len(), 2);
+}
+
+fn sorted(pids: &[i32]) -> String {
+    let mut pids = pids.to_vec();
+    pids.sort();
+    pids.iter().map(|p| format!("{p}\n")).collect()
+}
