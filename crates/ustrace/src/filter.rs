@@ -1,5 +1,10 @@
 //! Event filters (events.rst 5): the `filter` files, subsystem filters and pid filtering.
 //!
+//! Pid filtering follows the kernel's tasks, which are threads: with `event-fork`, a thread
+//! created by a listed thread joins `set_event_pid` before its start routine runs, and a
+//! listed thread leaves the list when it exits (a forked child joins in the child, as
+//! before). Thread creation is seen by wrapping `pthread_create` (see [`pthread_create`]).
+//!
 //! The language itself is `ustrace_filter`: a write compiles once into a flat program that
 //! runs on the record without a lock or an allocation. This module binds programs to event
 //! files, keeps the text each `filter` file shows, and logs errors as the kernel does.
@@ -8,6 +13,7 @@
 //! recorded events): every event passes from then on, and the file shows the error. Only a
 //! write of a page or more is refused before anything changes.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ustrace_ctl::vfs::Errno;
@@ -275,6 +281,9 @@ pub fn pids_text(pids: &[i32]) -> String {
 pub fn write_pids(instance: &Arc<Instance>, notrace: bool, data: &[u8]) -> Result<(), Errno> {
     let new = parse_pids(data)?;
     install_fork_handlers();
+    if !notrace && !new.is_empty() {
+        PID_LISTS_USED.store(true, Ordering::Relaxed);
+    }
     instance.update_pids(|lists| {
         let list = if notrace {
             &mut lists.notrace
@@ -286,6 +295,156 @@ pub fn write_pids(instance: &Arc<Instance>, notrace: bool, data: &[u8]) -> Resul
         list.dedup();
     });
     Ok(())
+}
+
+/// Set once some `set_event_pid` has held an id: until then thread creation and exit are
+/// not looked at.
+static PID_LISTS_USED: AtomicBool = AtomicBool::new(false);
+
+/// The instances that follow the calling thread's children: `event-fork` on and the
+/// thread in `set_event_pid`.
+fn instances_following(tid: i32) -> Vec<std::sync::Weak<Instance>> {
+    let Some(tracing) = crate::trace::existing_tracing() else {
+        return Vec::new();
+    };
+    tracing
+        .all()
+        .iter()
+        .filter(|i| i.options.get("event-fork") && i.pids().trace.binary_search(&tid).is_ok())
+        .map(Arc::downgrade)
+        .collect()
+}
+
+fn add_pid(instance: &Instance, tid: i32) {
+    instance.update_pids(|lists| {
+        if let Err(at) = lists.trace.binary_search(&tid) {
+            lists.trace.insert(at, tid);
+        }
+    });
+}
+
+thread_local! {
+    /// Dropped when the thread exits: takes the thread out of `set_event_pid` of the
+    /// instances with `event-fork` on, as the kernel does when a listed task exits.
+    static EXIT_WATCH: ExitWatch = const { ExitWatch };
+}
+
+struct ExitWatch;
+
+impl Drop for ExitWatch {
+    fn drop(&mut self) {
+        if !PID_LISTS_USED.load(Ordering::Relaxed) {
+            return;
+        }
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        let Some(tracing) = crate::trace::existing_tracing() else {
+            return;
+        };
+        for instance in tracing.all() {
+            if instance.options.get("event-fork")
+                && instance.pids().trace.binary_search(&tid).is_ok()
+            {
+                instance.update_pids(|lists| lists.trace.retain(|&t| t != tid));
+            }
+        }
+    }
+}
+
+/// Makes the calling thread's exit take it out of the pid lists (see [`ExitWatch`]);
+/// called once per thread, off the data path (a thread's first event, thread start).
+pub(crate) fn watch_thread_exit() {
+    let _ = EXIT_WATCH.try_with(|_| ());
+}
+
+type StartRoutine = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
+type PthreadCreate = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    StartRoutine,
+    *mut libc::c_void,
+) -> libc::c_int;
+
+/// The C library's `pthread_create`, found once.
+fn real_pthread_create() -> Option<PthreadCreate> {
+    static REAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let addr = *REAL.get_or_init(|| {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name only looks a symbol up;
+        // RTLD_NEXT finds the definition after this object's, the C library's.
+        unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) as usize }
+    });
+    // SAFETY: a non-null result is the C library's pthread_create, of this type.
+    (addr != 0).then(|| unsafe { std::mem::transmute::<usize, PthreadCreate>(addr) })
+}
+
+/// What a followed thread starts with.
+struct FollowedStart {
+    start: StartRoutine,
+    arg: *mut libc::c_void,
+    instances: Vec<std::sync::Weak<Instance>>,
+}
+
+extern "C" fn followed_thread_start(data: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `data` is the Box that `pthread_create` leaked for this thread alone.
+    let start = unsafe { Box::from_raw(data as *mut FollowedStart) };
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    for instance in start.instances.iter().filter_map(std::sync::Weak::upgrade) {
+        add_pid(&instance, tid);
+    }
+    watch_thread_exit();
+    (start.start)(start.arg)
+}
+
+/// `pthread_create`, wrapped so that `event-fork` follows new threads as the kernel
+/// follows new tasks: this definition takes the place of the C library's for the program
+/// that links ustrace (`std::thread::spawn` comes here), and calls the C library's.
+/// While no instance follows the calling thread it only forwards the call; otherwise the
+/// new thread starts in a trampoline that adds it to those instances' `set_event_pid`
+/// before the start routine runs, so none of its events are missed.
+///
+/// # Safety
+///
+/// The C library's contract for `pthread_create`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: StartRoutine,
+    arg: *mut libc::c_void,
+) -> libc::c_int {
+    let Some(real) = real_pthread_create() else {
+        return libc::ENOSYS;
+    };
+    let instances = if PID_LISTS_USED.load(Ordering::Relaxed) {
+        // SAFETY: gettid has no arguments and cannot fail.
+        instances_following(unsafe { libc::gettid() })
+    } else {
+        Vec::new()
+    };
+    if instances.is_empty() {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { real(thread, attr, start, arg) };
+    }
+    let data = Box::into_raw(Box::new(FollowedStart {
+        start,
+        arg,
+        instances,
+    }));
+    // SAFETY: as the caller's call; the trampoline takes `data` back exactly once.
+    let ret = unsafe {
+        real(
+            thread,
+            attr,
+            followed_thread_start,
+            data as *mut libc::c_void,
+        )
+    };
+    if ret != 0 {
+        // SAFETY: no thread was created, so `data` is still ours.
+        drop(unsafe { Box::from_raw(data) });
+    }
+    ret
 }
 
 /// The thread that called `fork`, saved just before, for the child's `event-fork` handling.
@@ -301,8 +460,7 @@ extern "C" fn before_fork() {
 
 /// With the `event-fork` option, a child of a traced thread is traced too: in the child,
 /// the new process's id joins `set_event_pid` of every instance that lists its parent.
-/// Threads spawned later are not followed (there is no hook for them short of an fprobe on
-/// `clone`).
+/// (New threads are followed by [`pthread_create`].)
 extern "C" fn in_child_after_fork() {
     let parent = FORKING_TID.load(std::sync::atomic::Ordering::Relaxed);
     // SAFETY: getpid has no arguments and cannot fail.

@@ -16,6 +16,7 @@
 //! - [`tracefs`]: the file tree, as the kernel's `/sys/kernel/tracing`.
 //! - [`output`]: kernel-identical text output.
 
+pub mod cpumask;
 pub mod dynevent;
 pub mod dynevent_cmd;
 pub mod event;
@@ -25,6 +26,7 @@ pub mod options;
 pub mod output;
 pub mod rcu;
 pub mod set_event;
+pub mod setup;
 pub mod snapshot;
 pub mod thread;
 pub mod trace;
@@ -55,9 +57,13 @@ pub fn serve() -> std::io::Result<std::path::PathBuf> {
     Ok(path)
 }
 
-/// Starts serving at program start when `USTRACE_SERVE=1`, for programs that cannot add the
-/// call to [`serve`].
+/// At program start, before `main`: applies `USTRACE_SETUP` and `USTRACE_EVENTS` (see
+/// [`setup`]), then serves when `USTRACE_SERVE=1`, for programs that cannot add the call
+/// to [`serve`]. Setup comes first so a client never sees the tree half set up.
 extern "C" fn serve_if_asked() {
+    if std::env::var_os("USTRACE_SETUP").is_some() || std::env::var_os("USTRACE_EVENTS").is_some() {
+        setup::from_env();
+    }
     if std::env::var_os("USTRACE_SERVE").is_some() {
         if let Err(e) = ustrace_ctl::server::serve_from_env(|| std::sync::Arc::new(TraceFs)) {
             eprintln!("ustrace: USTRACE_SERVE is set but serving failed: {e}");

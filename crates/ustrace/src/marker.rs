@@ -3,9 +3,13 @@
 //! The record is the kernel's `print` entry: the common header, the address of the writer
 //! (`ip`), and the text, which always ends in a newline and a NUL. As on the kernel, a write
 //! longer than one event can hold is cut, and the shorter count returned makes `echo` write
-//! the rest as further events.
+//! the rest as further events. The file cannot be read: a read fails with `EINVAL`, as the
+//! kernel's (its `trace_marker` has no read operation).
 
-use ustrace_ctl::vfs::Errno;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ustrace_ctl::vfs::{Errno, OpenFile};
 
 use crate::event::registry::MARKER_ID;
 use crate::trace::Instance;
@@ -42,4 +46,29 @@ pub fn write(instance: &Instance, data: &[u8]) -> Result<usize, Errno> {
         record[end] = 0;
     });
     Ok(take)
+}
+
+/// An open `trace_marker`.
+pub struct MarkerFile {
+    instance: Arc<Instance>,
+}
+
+impl MarkerFile {
+    pub fn new(instance: Arc<Instance>) -> MarkerFile {
+        MarkerFile { instance }
+    }
+}
+
+impl OpenFile for MarkerFile {
+    fn read(&mut self, _buf: &mut [u8], _timeout: Option<Duration>) -> Result<usize, Errno> {
+        Err(Errno::EINVAL)
+    }
+
+    fn write(&mut self, data: &[u8]) -> Result<usize, Errno> {
+        write(&self.instance, data)
+    }
+
+    fn is_stream(&self) -> bool {
+        false
+    }
 }

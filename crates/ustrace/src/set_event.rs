@@ -5,6 +5,13 @@
 //! `*:EVENT` (that event in any system), and a bare `NAME`, which matches events *or* systems
 //! of that name, as the kernel's does. A word that matches nothing fails the write with
 //! `EINVAL`. Every word is checked before any is applied, so a bad write changes nothing.
+//!
+//! Any of those may end in `:mod:MODULE`, which keeps only the events MODULE declared; a
+//! bare `:mod:MODULE` (or `*:mod:MODULE`) is all of them. The kernel's module is a loadable
+//! kernel module; ours is the crate whose `trace_event!` declared the event (the first
+//! segment of its `module_path!()`, so `my_app`, not `my-app`). Built-in and dynamic events
+//! belong to no module. A module that declares no event fails with `EINVAL`, as the 6.18
+//! kernel answers for a module it does not have.
 
 use std::sync::Arc;
 
@@ -15,14 +22,21 @@ use crate::trace::{EventFile, Instance};
 /// The event files one word selects.
 fn select(instance: &Instance, word: &str) -> Vec<Arc<EventFile>> {
     let wild = |s: &str| s.is_empty() || s == "*";
+    let (spec, module) = match word.split_once(":mod:") {
+        Some((spec, module)) => (spec, Some(module)),
+        None => (word, None),
+    };
     instance
         .files_of(None)
         .into_iter()
+        .filter(|f| module.is_none() || f.event.module() == module)
         .filter(|f| {
             let (system, name) = (f.event.system(), f.event.name());
-            match word.split_once(':') {
+            match spec.split_once(':') {
                 Some((sys, ev)) => (wild(sys) || sys == system) && (wild(ev) || ev == name),
-                None => word == name || word == system,
+                // With a module, an empty or `*` word is every event of the module.
+                None if module.is_some() && wild(spec) => true,
+                None => spec == name || spec == system,
             }
         })
         .collect()

@@ -6,6 +6,11 @@
 //! `fork` forgets the cache. On that first event the thread's name is also saved (when the
 //! `record-cmd` option is on), as the kernel saves `comm` for `saved_cmdlines`; a thread
 //! renamed after its first event keeps its first name in the trace.
+//!
+//! The names live in a ring of `saved_cmdlines_size` slots, as the kernel's: each newly
+//! saved thread takes the next slot, so the last N distinct threads are kept. One
+//! difference: the kernel saves again on a later event of a thread it forgot; here a thread
+//! saves once, so a thread pushed out of the ring prints as `<...>` from then on.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -16,11 +21,62 @@ thread_local! {
     static TID: Cell<i32> = const { Cell::new(0) };
 }
 
-static CMDLINES: Mutex<Option<HashMap<i32, String>>> = Mutex::new(None);
+static CMDLINES: Mutex<Option<CmdlineTable>> = Mutex::new(None);
 static ATFORK: Once = Once::new();
 
 /// The kernel keeps this many `saved_cmdlines` entries by default.
 pub const SAVED_CMDLINES_SIZE: usize = 128;
+
+/// The most `saved_cmdlines_size` takes: the kernel's `PID_MAX_DEFAULT`.
+pub const SAVED_CMDLINES_MAX: usize = 32768;
+
+/// The saved names: a ring of `slots` as the kernel's `saved_cmdlines_buffer`. A thread
+/// seen for the first time takes the slot after the last one taken, forgetting whoever
+/// held it, so with size N the last N distinct threads are kept; a thread already saved
+/// keeps its slot (its name is updated in place).
+struct CmdlineTable {
+    slots: Vec<Option<(i32, String)>>,
+    /// Where each saved thread is in `slots`.
+    index: HashMap<i32, usize>,
+    /// The slot taken last.
+    last: usize,
+}
+
+impl CmdlineTable {
+    fn new(size: usize) -> CmdlineTable {
+        CmdlineTable {
+            slots: vec![None; size],
+            index: HashMap::new(),
+            last: 0,
+        }
+    }
+
+    fn save(&mut self, tid: i32, comm: &str) {
+        if let Some(&slot) = self.index.get(&tid) {
+            if let Some(entry) = &mut self.slots[slot] {
+                entry.1 = comm.to_string();
+            }
+            return;
+        }
+        let slot = (self.last + 1) % self.slots.len();
+        if let Some((old, _)) = self.slots[slot].take() {
+            self.index.remove(&old);
+        }
+        self.slots[slot] = Some((tid, comm.to_string()));
+        self.index.insert(tid, slot);
+        self.last = slot;
+    }
+
+    /// The entries from the oldest taken to the newest.
+    fn oldest_first(&self) -> impl Iterator<Item = &(i32, String)> {
+        let n = self.slots.len();
+        (1..=n).filter_map(move |i| self.slots[(self.last + i) % n].as_ref())
+    }
+}
+
+fn table() -> std::sync::MutexGuard<'static, Option<CmdlineTable>> {
+    CMDLINES.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 extern "C" fn forget_tid_in_child() {
     let _ = TID.try_with(|t| t.set(0));
@@ -48,6 +104,8 @@ fn first_sight(record_cmd: &AtomicBool) -> i32 {
     // SAFETY: gettid has no arguments and cannot fail.
     let tid = unsafe { libc::gettid() };
     let _ = TID.try_with(|t| t.set(tid));
+    // With event-fork, a listed thread leaves set_event_pid when it exits.
+    crate::filter::watch_thread_exit();
     if record_cmd.load(Ordering::Relaxed) {
         save_comm(tid, &current_comm());
     }
@@ -73,34 +131,54 @@ pub fn current_comm() -> String {
 
 /// Remembers `comm` for `tid`.
 pub fn save_comm(tid: i32, comm: &str) {
-    let mut table = CMDLINES.lock().unwrap_or_else(|e| e.into_inner());
-    let table = table.get_or_insert_with(HashMap::new);
-    if table.len() >= SAVED_CMDLINES_SIZE && !table.contains_key(&tid) {
-        // Forget the lowest id: a cheap, deterministic stand-in for the kernel's ring.
-        if let Some(&oldest) = table.keys().min() {
-            table.remove(&oldest);
-        }
-    }
-    table.insert(tid, comm.to_string());
+    table()
+        .get_or_insert_with(|| CmdlineTable::new(SAVED_CMDLINES_SIZE))
+        .save(tid, comm);
 }
 
 /// The saved name of `tid`, if any.
 pub fn comm_of(tid: i32) -> Option<String> {
-    CMDLINES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()?
-        .get(&tid)
-        .cloned()
+    let table = table();
+    let table = table.as_ref()?;
+    let slot = *table.index.get(&tid)?;
+    table.slots[slot].as_ref().map(|(_, comm)| comm.clone())
 }
 
-/// The `saved_cmdlines` text: `PID COMM` lines.
+/// The `saved_cmdlines` text: `PID COMM` lines, in slot order as the kernel lists them.
 pub fn saved_cmdlines() -> String {
-    let table = CMDLINES.lock().unwrap_or_else(|e| e.into_inner());
-    let mut entries: Vec<_> = table.iter().flat_map(|t| t.iter()).collect();
-    entries.sort();
-    entries
-        .into_iter()
+    let table = table();
+    table
+        .iter()
+        .flat_map(|t| t.slots.iter().flatten())
         .map(|(tid, comm)| format!("{tid} {comm}\n"))
         .collect()
+}
+
+/// How many names `saved_cmdlines` keeps.
+pub fn saved_cmdlines_size() -> usize {
+    table()
+        .as_ref()
+        .map_or(SAVED_CMDLINES_SIZE, |t| t.slots.len())
+}
+
+/// Applies a write to `saved_cmdlines_size`: 1 to [`SAVED_CMDLINES_MAX`] entries, else
+/// `EINVAL`, as the kernel. The kernel starts an empty table; here the newest entries that
+/// fit are kept, because a thread saves its name only on its first event (see the module
+/// docs) and would otherwise print as `<...>` for good. The kernel also rounds the size
+/// up to fill its allocation (6.18 reads back 6552 for any size up to that); here the
+/// size is exactly what was written.
+pub fn set_saved_cmdlines_size(size: u64) -> Result<(), ustrace_ctl::vfs::Errno> {
+    if size == 0 || size > SAVED_CMDLINES_MAX as u64 {
+        return Err(ustrace_ctl::vfs::Errno::EINVAL);
+    }
+    let mut table = table();
+    let mut resized = CmdlineTable::new(size as usize);
+    if let Some(old) = table.as_ref() {
+        let kept: Vec<&(i32, String)> = old.oldest_first().collect();
+        for (tid, comm) in &kept[kept.len().saturating_sub(size as usize)..] {
+            resized.save(*tid, comm);
+        }
+    }
+    *table = Some(resized);
+    Ok(())
 }

@@ -47,6 +47,8 @@ mod flag {
     pub const USERSTACK: u32 = 1 << 8;
     /// Either stack option: records take the out-of-line path, which adds the entries.
     pub const STACKS: u32 = STACKTRACE | USERSTACK;
+    /// `tracing_cpumask` leaves some CPU out, so records are checked aside first.
+    pub const CPU_MASK: u32 = 1 << 9;
 }
 
 /// One event in one instance: whether it records, its filter, its triggers.
@@ -86,6 +88,7 @@ pub(crate) struct Shared {
     paused: AtomicUsize,
     tracing_on_while_paused: AtomicBool,
     pause_lock: Mutex<()>,
+    pub(crate) cpumask: crate::cpumask::CpuMask,
 }
 
 impl Shared {
@@ -184,8 +187,14 @@ impl EventFile {
     #[inline(always)]
     pub fn record(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
         let flags = self.flags.load(Ordering::Relaxed);
-        // The stack options share the test with the filter: off, they cost nothing here.
-        if flags & (flag::FILTERED | flag::TRIGGER_COND | flag::SOFT_DISABLED | flag::STACKS) != 0 {
+        if flags
+            & (flag::FILTERED
+                | flag::TRIGGER_COND
+                | flag::SOFT_DISABLED
+                | flag::STACKS
+                | flag::CPU_MASK)
+            != 0
+        {
             return self.record_checked(len, flags, fill);
         }
         self.record_direct(len, fill);
@@ -201,7 +210,7 @@ impl EventFile {
             // `traceoff` keeps the marker that fired it.
             flags |= flag::TRIGGER_COND;
         }
-        if flags & (flag::FILTERED | flag::TRIGGER_COND) != 0 {
+        if flags & (flag::FILTERED | flag::TRIGGER_COND | flag::CPU_MASK) != 0 {
             return self.record_checked(len, flags, fill);
         }
         self.record_direct(len, fill);
@@ -284,6 +293,9 @@ impl EventFile {
             0
         };
         if flags & flag::SOFT_DISABLED != 0 {
+            return (false, fired);
+        }
+        if flags & flag::CPU_MASK != 0 && !self.shared.cpumask.allows_current() {
             return (false, fired);
         }
         if flags & flag::FILTERED != 0 {
@@ -429,6 +441,14 @@ impl EventFile {
         }
     }
 
+    pub(crate) fn set_cpu_masked(&self, on: bool) {
+        if on {
+            self.flags.fetch_or(flag::CPU_MASK, Ordering::Relaxed);
+        } else {
+            self.flags.fetch_and(!flag::CPU_MASK, Ordering::Relaxed);
+        }
+    }
+
     fn set_pid_filter(&self, on: bool) {
         if on {
             self.flags.fetch_or(flag::PID_FILTER, Ordering::Relaxed);
@@ -571,6 +591,7 @@ impl Instance {
             paused: AtomicUsize::new(0),
             tracing_on_while_paused: AtomicBool::new(true),
             pause_lock: Mutex::new(()),
+            cpumask: crate::cpumask::CpuMask::full(nr_cpus),
         });
         let instance = Arc::new(Instance {
             name: name.to_string(),
@@ -630,6 +651,7 @@ impl Instance {
             trigger_list: Mutex::new(Vec::new()),
         });
         file.set_pid_filter(pid_filter);
+        file.set_cpu_masked(!self.shared.cpumask.is_full());
         self.files
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -727,6 +749,17 @@ impl Instance {
         };
     }
 
+    /// Applies a `tracing_cpumask` write and tells every event file whether to check it.
+    pub(crate) fn write_cpumask(&self, data: &[u8]) -> Result<(), Errno> {
+        let _serialize = self.pid_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.shared.cpumask.write(data)?;
+        let masked = !self.shared.cpumask.is_full();
+        for file in self.files() {
+            file.set_cpu_masked(masked);
+        }
+        Ok(())
+    }
+
     /// The pid lists (`set_event_pid`, `set_event_notrace_pid`).
     pub fn pids(&self) -> crate::filter::PidLists {
         let guard = crate::rcu::read_lock();
@@ -781,6 +814,9 @@ pub struct Tracing {
 }
 
 static TRACING: OnceLock<Tracing> = OnceLock::new();
+
+/// The longest instance name, in bytes (the kernel's `NAME_MAX`).
+const NAME_MAX: usize = 255;
 
 /// The tracing state if it was ever created (never creates it; safe after `fork`).
 pub(crate) fn existing_tracing() -> Option<&'static Tracing> {
@@ -859,6 +895,11 @@ impl Tracing {
     pub fn create_instance(&self, name: &str) -> Result<Arc<Instance>, Errno> {
         if name.is_empty() || name.contains('/') || name == "." || name == ".." {
             return Err(Errno::EINVAL);
+        }
+        // A directory name, so the VFS's NAME_MAX limit; the kernel takes any other bytes
+        // (spaces, `*`, `:`, newlines; checked on 6.18).
+        if name.len() > NAME_MAX {
+            return Err(Errno(libc::ENAMETOOLONG));
         }
         let mut instances = self.instances.write().unwrap_or_else(|e| e.into_inner());
         if instances.contains_key(name) {

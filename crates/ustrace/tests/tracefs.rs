@@ -550,3 +550,289 @@ fn error_log_and_saved_cmdlines_exist() {
         Some(Errno::ENOENT)
     );
 }
+
+/// Fires `sched_switch` once from a new thread named `name`, so its name is saved.
+fn fire_from_thread(name: &str) -> i32 {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(|| {
+            sched_switch::trace(7, 8);
+            // SAFETY: gettid has no arguments and cannot fail.
+            unsafe { libc::gettid() }
+        })
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+// ftrace.rst "saved_cmdlines_size"; the bounds are the kernel's (1..=PID_MAX_DEFAULT).
+#[test]
+fn saved_cmdlines_size_resizes_the_table_and_rejects_bad_sizes() {
+    let t = Instance::new("cmdlines");
+    t.write("events/tsched/sched_switch/enable", "1\n").unwrap();
+    for bad in ["0\n", "99999999999\n", "32769\n", "-1\n", "abc\n"] {
+        assert_eq!(
+            write("saved_cmdlines_size", bad, false),
+            Err(Errno::EINVAL),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        write("saved_cmdlines_size", "18446744073709551616\n", false),
+        Err(Errno(libc::ERANGE))
+    );
+    assert_eq!(read("saved_cmdlines_size").unwrap(), "128\n");
+
+    write("saved_cmdlines_size", "2\n", false).unwrap();
+    assert_eq!(read("saved_cmdlines_size").unwrap(), "2\n");
+    let tids: Vec<i32> = ["cmdA", "cmdB", "cmdC"]
+        .iter()
+        .map(|n| fire_from_thread(n))
+        .collect();
+    let saved = read("saved_cmdlines").unwrap();
+    write("saved_cmdlines_size", "128\n", false).unwrap();
+    // The first thread's slot was taken by the third: only the last two distinct threads.
+    assert_eq!(
+        saved,
+        format!("{} cmdB\n{} cmdC\n", tids[1], tids[2]),
+        "saved_cmdlines with size 2"
+    );
+    // Growing keeps what was there.
+    let grown = read("saved_cmdlines").unwrap();
+    assert!(grown.contains(&format!("{} cmdB\n", tids[1])), "{grown}");
+    assert!(grown.contains(&format!("{} cmdC\n", tids[2])), "{grown}");
+    write("saved_cmdlines_size", "32768\n", false).unwrap();
+    write("saved_cmdlines_size", "128\n", false).unwrap();
+    t.write("events/tsched/sched_switch/enable", "0\n").unwrap();
+}
+
+#[test]
+fn reading_trace_marker_is_einval() {
+    let t = Instance::new("marker-read");
+    assert_eq!(read(&t.path("trace_marker")).err(), Some(Errno::EINVAL));
+    assert_eq!(read("trace_marker").err(), Some(Errno::EINVAL));
+}
+
+#[test]
+fn instance_names_follow_the_vfs_limits() {
+    let fs = ustrace::tracefs();
+    let long = "n".repeat(256);
+    assert_eq!(
+        fs.mkdir(&format!("instances/{long}")),
+        Err(Errno(libc::ENAMETOOLONG))
+    );
+    assert_eq!(
+        fs.stat(&format!("instances/{long}")).err(),
+        Some(Errno(libc::ENAMETOOLONG))
+    );
+    assert!(ustrace::trace::tracing().create_instance(&long).is_err());
+    // 255 bytes and any other bytes are fine, as on the kernel.
+    for name in [
+        "m".repeat(255),
+        "a b:c*d".to_string(),
+        "tab\there".to_string(),
+    ] {
+        fs.mkdir(&format!("instances/{name}")).unwrap();
+        fs.rmdir(&format!("instances/{name}")).unwrap();
+    }
+}
+
+// ftrace.rst/README: `set_event` takes `:mod:MODULE`; a module is the declaring crate,
+// here this test binary's crate, `tracefs`.
+#[test]
+fn set_event_mod_selects_the_events_a_crate_declares() {
+    let t = Instance::new("set-event-mod");
+    t.write("set_event", ":mod:tracefs\n").unwrap();
+    let all = t.read("set_event");
+    assert_eq!(
+        all,
+        "tformat:all_kinds\ntirq:irq_handler_entry\ntirq:softirq_entry\n\
+         tsched:sched_switch\ntsched:sched_wakeup\n"
+    );
+    t.append("set_event", "!tirq:mod:tracefs\n").unwrap();
+    assert_eq!(
+        t.read("set_event"),
+        "tformat:all_kinds\ntsched:sched_switch\ntsched:sched_wakeup\n"
+    );
+    t.write("set_event", "tsched:sched_switch:mod:tracefs\n")
+        .unwrap();
+    assert_eq!(t.read("set_event"), "tsched:sched_switch\n");
+    t.write("set_event", "*:mod:tracefs\n").unwrap();
+    assert_eq!(t.read("set_event"), all);
+    t.write("set_event", "!*:*:mod:tracefs\n").unwrap();
+    assert_eq!(t.read("set_event"), "");
+    // A crate that declares no events, or none of those named: EINVAL, nothing applied.
+    t.write("set_event", "tsched\n").unwrap();
+    for bad in [
+        ":mod:nosuchcrate\n",
+        "tsched:mod:ustrace\n",
+        "tirq sched_switch:mod:nosuch\n",
+    ] {
+        assert_eq!(t.append("set_event", bad), Err(Errno::EINVAL), "{bad:?}");
+    }
+    assert_eq!(
+        t.read("set_event"),
+        "tsched:sched_switch\ntsched:sched_wakeup\n"
+    );
+}
+
+/// Runs `f` on a thread pinned to `cpu`.
+fn on_cpu<T: Send + 'static>(cpu: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity only
+        // touch it and the calling thread's affinity.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0,
+                "pin to cpu {cpu}"
+            );
+        }
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+// ftrace.rst "tracing_cpumask": events on a CPU left out of the mask are not recorded.
+#[test]
+fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
+    let nr = ustrace::trace::tracing().top().buffer().nr_cpus();
+    // SAFETY: sched_getaffinity writes only the set it is given.
+    let usable = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+        (0..2).all(|c| libc::CPU_ISSET(c, &set))
+    };
+    if nr < 2 || !usable {
+        eprintln!("skipped: needs CPUs 0 and 1 (have {nr} buffers)");
+        return;
+    }
+    let t = Instance::new("cpumask");
+    let full = t.read("tracing_cpumask");
+    assert_eq!(
+        read("tracing_cpumask").unwrap(),
+        full,
+        "top and instance agree"
+    );
+    t.write("events/tsched/sched_switch/enable", "1\n").unwrap();
+    // Only CPU 1.
+    t.write("tracing_cpumask", "2\n").unwrap();
+    assert!(t
+        .read("tracing_cpumask")
+        .trim_start_matches('0')
+        .starts_with('2'));
+    let marker = t.path("trace_marker");
+    on_cpu(0, move || {
+        sched_switch::trace(100, 0);
+        common::write(&marker, "from cpu0").unwrap();
+    });
+    let marker = t.path("trace_marker");
+    on_cpu(1, move || {
+        sched_switch::trace(101, 1);
+        common::write(&marker, "from cpu1").unwrap();
+    });
+    let lines = body_lines(&t.read("trace"));
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].contains("[001]") && lines[0].contains("prev_pid=101"),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].contains("[001]") && lines[1].contains("from cpu1"),
+        "{lines:?}"
+    );
+    // Triggers still run on a masked CPU's events, as the kernel's do.
+    t.write("events/tsched/sched_switch/trigger", "traceoff\n")
+        .unwrap();
+    on_cpu(0, || sched_switch::trace(102, 0));
+    assert_eq!(t.read("tracing_on"), "0\n");
+    t.write("events/tsched/sched_switch/trigger", "!traceoff\n")
+        .unwrap();
+    t.write("tracing_on", "1\n").unwrap();
+    // A rejected write keeps the mask; the full mask records everywhere again.
+    assert_eq!(t.write("tracing_cpumask", "g\n"), Err(Errno::EINVAL));
+    assert!(t
+        .read("tracing_cpumask")
+        .trim_start_matches('0')
+        .starts_with('2'));
+    t.write("tracing_cpumask", &full).unwrap();
+    assert_eq!(t.read("tracing_cpumask"), full);
+    on_cpu(0, || sched_switch::trace(103, 0));
+    let lines = body_lines(&t.read("trace"));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("[000]") && l.contains("prev_pid=103")),
+        "{lines:?}"
+    );
+    // Other instances were never masked.
+    assert_eq!(read("tracing_cpumask").unwrap(), full);
+}
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+// ftrace.rst `event-fork`: the kernel's tasks are threads, so a thread created by a
+// listed thread is traced too, and leaves the list when it exits.
+#[test]
+fn event_fork_follows_new_threads_and_their_exit() {
+    let t = Instance::new("event-fork-threads");
+    t.write("events/tsched/sched_switch/enable", "1\n").unwrap();
+    t.write("options/event-fork", "1\n").unwrap();
+    let me = gettid();
+    t.write("set_event_pid", &format!("{me}\n")).unwrap();
+    let pids_path = t.path("set_event_pid");
+    let (child, seen_inside, grandchild, seen_by_grandchild) = std::thread::spawn(move || {
+        let child = gettid();
+        sched_switch::trace(child, 1);
+        let seen = read(&pids_path).unwrap();
+        // A thread of a followed thread is followed too.
+        let pids_path2 = pids_path.clone();
+        let (grandchild, seen2) = std::thread::spawn(move || {
+            sched_switch::trace(gettid(), 2);
+            (gettid(), read(&pids_path2).unwrap())
+        })
+        .join()
+        .unwrap();
+        (child, seen, grandchild, seen2)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(seen_inside, sorted(&[me, child]));
+    assert_eq!(seen_by_grandchild, sorted(&[me, child, grandchild]));
+    // Both have exited: gone from the list.
+    assert_eq!(t.read("set_event_pid"), format!("{me}\n"));
+    let lines = body_lines(&t.read("trace"));
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].contains(&format!("prev_pid={child} ")),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].contains(&format!("prev_pid={grandchild} ")),
+        "{lines:?}"
+    );
+
+    // Without event-fork, a new thread is not added.
+    t.write("options/event-fork", "0\n").unwrap();
+    let pids_path = t.path("set_event_pid");
+    let seen = std::thread::spawn(move || {
+        sched_switch::trace(gettid(), 3);
+        read(&pids_path).unwrap()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(seen, format!("{me}\n"));
+    assert_eq!(body_lines(&t.read("trace")).len(), 2);
+}
+
+fn sorted(pids: &[i32]) -> String {
+    let mut pids = pids.to_vec();
+    pids.sort();
+    pids.iter().map(|p| format!("{p}\n")).collect()
+}

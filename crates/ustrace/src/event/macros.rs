@@ -96,6 +96,7 @@ macro_rules! trace_event {
             pub static EVENT: $crate::event::StaticEvent = $crate::event::StaticEvent {
                 system: stringify!($system),
                 name: stringify!($name),
+                module_path: module_path!(),
                 layout: __layout,
                 format: $fmt,
                 print_args: &[$(stringify!($parg)),*],

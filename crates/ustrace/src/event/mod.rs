@@ -45,6 +45,11 @@ pub trait EventClass: Send + Sync + 'static {
     fn print_fmt(&self, fields: &[FieldDesc]) -> String;
     /// Starts producing records into `file`.
     fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno>;
+    /// The module that declared the event, as `set_event`'s `:mod:MODULE` names it: the
+    /// crate for `trace_event!` events; none for built-in and dynamic events.
+    fn module(&self) -> Option<&str> {
+        None
+    }
     /// The name trace lines show before the text (`tracing_mark_write` for `ftrace:print`).
     fn output_name(&self) -> &str {
         self.name()
@@ -66,6 +71,9 @@ pub trait EventClass: Send + Sync + 'static {
 pub struct StaticEvent {
     pub system: &'static str,
     pub name: &'static str,
+    /// Where the event was declared (`module_path!()`); its first segment is the crate,
+    /// the event's "module" for `set_event`'s `:mod:` form.
+    pub module_path: &'static str,
     pub layout: fn() -> Vec<FieldDesc>,
     /// The C format string, without quotes.
     pub format: &'static str,
@@ -93,6 +101,9 @@ pub static EVENTS: [&'static StaticEvent];
 impl EventClass for StaticEvent {
     fn system(&self) -> &str {
         self.system
+    }
+    fn module(&self) -> Option<&str> {
+        self.module_path.split("::").next()
     }
     fn name(&self) -> &str {
         self.name

@@ -60,6 +60,11 @@ impl Event {
         self.class.name()
     }
 
+    /// The crate that declared the event (`set_event`'s `:mod:`), if any.
+    pub fn module(&self) -> Option<&str> {
+        self.class.module()
+    }
+
     /// Common fields followed by the event's own: what filters may name.
     pub fn all_fields(&self) -> Vec<FieldDesc> {
         let mut all = common_fields();
@@ -120,6 +125,9 @@ impl EventClass for StaticRef {
     }
     fn name(&self) -> &str {
         self.0.name
+    }
+    fn module(&self) -> Option<&str> {
+        self.0.module()
     }
     fn fields(&self) -> Vec<FieldDesc> {
         self.0.fields()

@@ -59,6 +59,7 @@ const INSTANCE_FILES: &[(&str, u32)] = &[
     ("trace_options", 0o640),
     ("trace_pipe", 0o440),
     ("tracing_on", 0o640),
+    ("tracing_cpumask", 0o640),
 ];
 
 /// Files only the top-level directory has.
@@ -80,6 +81,9 @@ const CPU_FILES: &[(&str, u32)] = &[
     ("trace_pipe", 0o440),
     ("trace_pipe_raw", 0o440),
 ];
+
+/// The longest name of one path component (the kernel's `NAME_MAX`).
+const NAME_MAX: usize = 255;
 
 /// What a path names.
 enum Node {
@@ -122,6 +126,10 @@ fn components(path: &str) -> Result<Vec<&str>, Errno> {
         .collect();
     if parts.contains(&"..") {
         return Err(Errno::EINVAL);
+    }
+    // The VFS refuses a longer name in any component before tracefs sees it.
+    if parts.iter().any(|p| p.len() > NAME_MAX) {
+        return Err(Errno(libc::ENAMETOOLONG));
     }
     Ok(parts)
 }
@@ -552,8 +560,11 @@ fn open_instance_file(
         "saved_cmdlines" => text(crate::thread::saved_cmdlines()),
         "saved_tgids" => text(crate::options::saved_tgids()),
         "saved_cmdlines_size" => rw(
-            format!("{}\n", crate::thread::SAVED_CMDLINES_SIZE),
-            Box::new(|data| parse_ulong(data).map(|_| data.len())),
+            format!("{}\n", crate::thread::saved_cmdlines_size()),
+            Box::new(|data| {
+                crate::thread::set_saved_cmdlines_size(parse_ulong(data)?)?;
+                Ok(data.len())
+            }),
         ),
         "tracing_on" => rw(
             if instance.shared.tracing_on() {
@@ -572,16 +583,20 @@ fn open_instance_file(
             }
             open_trace(instance, None, flags)
         }
+        "tracing_cpumask" => rw(
+            instance.shared.cpumask.text(),
+            Box::new(move |data| {
+                instance.write_cpumask(data)?;
+                Ok(data.len())
+            }),
+        ),
         "trace_pipe" => Ok(Box::new(TracePipe::new(
             instance,
             None,
             false,
             flags.nonblock,
         ))),
-        "trace_marker" => rw(
-            "",
-            Box::new(move |data| crate::marker::write(&instance, data)),
-        ),
+        "trace_marker" => Ok(Box::new(crate::marker::MarkerFile::new(instance))),
         "trace_clock" => rw(
             clock_listing(instance.buffer().clock()),
             Box::new(move |data| {
@@ -811,25 +826,84 @@ const HEADER_EVENT: &str = "# compressed entry header\n\
 \ttime_stamp : type == 31\n\
 \tdata max type_len  == 28\n";
 
+/// The `README` file. Tools (the kernel's ftrace selftests among them) decide what a
+/// tracefs supports by looking for syntax lines in it, so every `Format:`, `fetcharg`,
+/// `type` and trigger line below is spelled exactly as the kernel spells it, and a line is
+/// here only when this build accepts that syntax (`tests/readme.rs` checks both ways).
+/// There is no hist, synthetic-event, kprobe or uprobe line: none of those exist here.
 const README: &str = "\
 ustrace tracefs: the kernel's event tracing, served by this process.
 
- Files:
+# echo 0 > tracing_on : stop recording
+# echo 1 > tracing_on : record again
+
+ Important files:
   trace\t\t\t- the buffer as text; a truncating write (echo > trace) clears it
   trace_pipe\t\t- the buffer as text, consumed as read; blocks for new events
-  trace_marker\t\t- a write becomes an ftrace:print (tracing_mark_write) event
-  tracing_on\t\t- 1 records, 0 stops recording
-  trace_clock\t\t- the clocks; the one in brackets stamps events
-  trace_options\t\t- the options; write NAME or noNAME (also options/NAME)
+  error_log\t- the last errors of command writes, with a caret at the fault
   buffer_size_kb\t- ring buffer size per CPU, in KiB
-  buffer_total_size_kb\t- ring buffer size of all CPUs, in KiB
+  buffer_total_size_kb  - ring buffer size of all CPUs, in KiB
   free_buffer\t\t- shrinks the buffer when closed
-  snapshot\t\t- 1 takes a snapshot, 0 frees it, 2 clears it
-  set_event\t\t- enabled events; write SYS:EVENT, SYS:*, *:*, EVENT, !EVENT
-  available_events\t- events that can be enabled
-  events/\t\t- per-event enable, format and id files
-  per_cpu/cpuN/\t\t- trace, trace_pipe, trace_pipe_raw, stats per CPU
-  instances/\t\t- mkdir makes an independent trace instance, rmdir removes it
-  error_log\t\t- the last errors of command writes
+
+  trace_clock\t\t- the clocks; the one in brackets stamps events
+
+  trace_marker\t\t- a write becomes an ftrace:print (tracing_mark_write) event
+  tracing_cpumask\t- hex mask of the CPUs whose events are recorded
+  instances\t\t- mkdir makes an independent trace instance, rmdir removes it
+  trace_options\t\t- the options; write NAME to set one, noNAME to clear it
+\t\t\t  (also options/NAME)
+  saved_cmdlines_size\t- how many thread names saved_cmdlines keeps (1-32768)
   saved_cmdlines\t- thread ids and names seen in the trace
+  snapshot\t\t- 1 takes a snapshot, 0 frees it, 2 clears it; read shows it
+  per_cpu/cpuN/\t\t- trace, trace_pipe, trace_pipe_raw, stats, buffer_size_kb per CPU
+
+  available_events\t- events that can be enabled
+  available_filter_functions - functions an fprobe can be put on
+  enabled_functions\t- functions with an fprobe on them
+  dynamic_events\t\t- lists the dynamic events; a line written defines one,
+\t\t\t  a '-:' line removes one, a truncating write removes all.
+\t  accepts: event-definitions (one definition per line)
+\t   Format: f[:[<group>/][<event>]] <func-name>[%return] [<args>]
+\t           t[:[<group>/][<event>]] <tracepoint> [<args>]
+\t           e[:[<group>/][<event>]] <attached-group>.<attached-event> [<args>] [if <filter>]
+\t           -:[<group>/][<event>]
+\t     args: <name>=fetcharg[:type]
+\t fetcharg: $<efield>, @<address>, @<symbol>[+|-<offset>],
+\t           $stack<index>, $stack, $retval, $comm, $arg<N>,
+\t           <argname>[->field[->field|.field...]],
+\t           +|-[u]<offset>(<fetcharg>), \\imm-value, \\\"imm-string\"
+\t     kernel return probes support: $retval, $arg<N>, $comm
+\t     type: s8/16/32/64, u8/16/32/64, x8/16/32/64, char, string, symbol,
+\t           b<bit-width>@<bit-offset>/<container-size>, ustring,
+\t           symstr, <type>\\[<array-size>\\]
+\t    efield: in an 'e' probe, a field of <attached-group>/<attached-event>.
+  set_event\t\t- enabled events; write SYS:EVENT, SYS:*, EVENT, !EVENT
+\t\t\t  Can enable module events via: :mod:<module>
+\t\t\t  (a module is the crate that declares the events)
+  set_event_pid\t\t- only events of these thread ids are recorded
+  set_event_notrace_pid\t- events of these thread ids are not recorded
+  events/\t\t- one directory per system:
+      enable\t\t- 1 turns every event on, 0 off
+  events/<system>/\t- one directory per event of <system>:
+      enable\t\t- 1 turns the system's events on, 0 off
+      filter\t\t- a filter for each event of the system that has its fields
+  events/<system>/<event>/\t- the event's own files:
+      enable\t\t- 1 records the event, 0 stops
+      filter\t\t- only records that pass the filter are kept
+      format\t\t- the record layout and print format
+      trigger\t\t- commands run when the event is hit
+\t    Format: <trigger>[:count][if <filter>]
+\t   trigger: traceon, traceoff
+\t            enable_event:<system>:<event>
+\t            disable_event:<system>:<event>
+\t\t    stacktrace
+\t\t    snapshot
+\t   example: echo traceoff > events/kv/get/trigger
+\t            echo traceoff:3 > events/kv/get/trigger
+\t            echo 'enable_event:net:respond:3 if latency_ns > 1000' > \\
+\t                  events/kv/get/trigger
+\t   A count runs the trigger that many times; it is counted only when
+\t    the trigger changed something.
+\t   Remove a trigger by writing it again after a '!' (with ':0' for one
+\t    that had a count); its filter need not be repeated.
 ";
