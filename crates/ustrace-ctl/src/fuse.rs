@@ -755,7 +755,7 @@ pub struct MountOptions {
     /// The mount's source in /proc/mounts.
     pub fsname: String,
     /// Let the members of this group use the mount too (FUSE `allow_other`, limited by
-    /// `default_permissions` to what the modes grant: see [`shown_mode`]). `None`: only the
+    /// `default_permissions` to what the modes grant: see `shown_mode`). `None`: only the
     /// mounting user. There is no way to open it to everyone: any reader of `trace_pipe`
     /// consumes what the owner traces.
     pub allow_group: Option<u32>,

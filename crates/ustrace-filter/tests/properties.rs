@@ -5,6 +5,7 @@ mod common;
 
 use common::{maybe_broken_expression, trigger_text, SYS_ENTER};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use ustrace_filter::trigger::{self, Kind};
 use ustrace_filter::{compile, CompileEnv, Context};
 
@@ -208,7 +209,13 @@ fn render_bare(e: &Expr) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    // Regressions are kept beside this file (`properties.proptest-regressions`): the default
+    // (`SourceParallel`) looks for a lib.rs above a test in tests/, finds none and says so.
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn arbitrary_text_never_panics(text in "\\PC{0,80}", rec in prop::collection::vec(any::<u8>(), 0..80)) {

@@ -1,6 +1,6 @@
 //! Static keys (jump labels): a branch that costs one 5-byte NOP while its key is off.
 //!
-//! Tracepoints test "is anybody listening?" on every call. [`static_branch_unlikely!`] compiles
+//! Tracepoints test "is anybody listening?" on every call. [`static_branch_unlikely!`](crate::static_branch_unlikely) compiles
 //! that test to a NOP that sits in the instruction stream with a record in the linker section
 //! `ustrace_jump_table`:
 //!
@@ -38,7 +38,7 @@ impl Default for StaticKey {
     }
 }
 
-/// One record of the jump table, as emitted by [`static_branch_unlikely!`].
+/// One record of the jump table, as emitted by [`static_branch_unlikely!`](crate::static_branch_unlikely).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct JumpEntry {

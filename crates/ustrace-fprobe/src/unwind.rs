@@ -97,7 +97,7 @@ fn rows(status: &Mutex<Option<HookStatus>>) -> HookStatus {
         .unwrap_or_default()
 }
 
-/// What [`ensure_hooks`] did: one row per unwinder entry point found in the process, with the
+/// What `ensure_hooks` did: one row per unwinder entry point found in the process, with the
 /// error when it could not be hooked (a panic through a probed frame then aborts the process).
 pub fn unwind_hook_status() -> Vec<(String, String, Option<String>)> {
     rows(&STATUS)
@@ -118,7 +118,7 @@ pub(crate) fn ensure_dlopen_hook() {
     });
 }
 
-/// What [`ensure_dlopen_hook`] did, one row per `dlopen`/`dlmopen` definition found. When no
+/// What `ensure_dlopen_hook` did, one row per `dlopen`/`dlmopen` definition found. When no
 /// row is hooked, call [`crate::rescan_filters`] (or [`crate::Fprobe::rescan`]) after loading.
 pub fn dlopen_hook_status() -> Vec<(String, String, Option<String>)> {
     rows(&DLOPEN_STATUS)

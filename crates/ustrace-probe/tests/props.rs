@@ -2,6 +2,7 @@
 //! back for an accepted definition parses to the same definition.
 
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use ustrace_probe::*;
 
 /// Fetch-argument bodies from the grammar's pieces (valid and not).
@@ -77,7 +78,13 @@ impl ProbeEnv for Env {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(3000))]
+    // Regressions are kept beside this file (`props.proptest-regressions`): the default
+    // (`SourceParallel`) looks for a lib.rs above a test in tests/, finds none and says so.
+    #![proptest_config(ProptestConfig {
+        cases: 3000,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn never_panics_on_bytes(s in "\\PC{0,200}") {

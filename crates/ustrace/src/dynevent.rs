@@ -35,6 +35,7 @@ use crate::tracefs::files::TextFile;
 
 /// A dynamic event's class: its definition and compiled program.
 pub struct DynEvent {
+    /// The parsed definition, as `dynamic_events` lists it.
     pub definition: ProbeDefinition,
     program: Arc<Program>,
     fields: Vec<FieldDesc>,

@@ -41,6 +41,7 @@ pub struct DynEventCmd {
 /// would have returned, and the `error_log` entry it would have written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CreateError {
+    /// The errno the write to `dynamic_events` fails with.
     pub errno: Errno,
     /// The newest `error_log` entry written for this command, if any.
     pub log: Option<String>,

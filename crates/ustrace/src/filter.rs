@@ -117,6 +117,7 @@ pub struct Compiled {
 }
 
 impl Compiled {
+    /// Wraps a compiled program, noting once whether it reads `comm` or `cpu`.
     pub fn new(program: Program) -> Compiled {
         Compiled {
             needs_comm: program.needs_comm(),
@@ -125,6 +126,7 @@ impl Compiled {
         }
     }
 
+    /// The filter as written, as the `filter` file shows it.
     pub fn text(&self) -> &str {
         self.program.text()
     }
@@ -242,7 +244,9 @@ pub fn write_system(instance: &Instance, system: &str, text: &str) -> Result<(),
 /// The thread ids `set_event_pid` and `set_event_notrace_pid` hold.
 #[derive(Clone, Default, Debug)]
 pub struct PidLists {
+    /// `set_event_pid`: when not empty, only these threads are traced (sorted).
     pub trace: Vec<i32>,
+    /// `set_event_notrace_pid`: these threads are never traced (sorted).
     pub notrace: Vec<i32>,
 }
 
@@ -254,6 +258,7 @@ impl PidLists {
             || self.notrace.binary_search(&tid).is_ok()
     }
 
+    /// Whether neither list has a thread, so no event is kept out by thread.
     pub fn is_empty(&self) -> bool {
         self.trace.is_empty() && self.notrace.is_empty()
     }

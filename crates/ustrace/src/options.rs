@@ -69,6 +69,7 @@ impl Default for Options {
 }
 
 impl Options {
+    /// Every option at its default, as a new instance has them.
     pub fn new() -> Self {
         let bits = OPTIONS
             .iter()
@@ -80,10 +81,12 @@ impl Options {
         }
     }
 
+    /// Whether option `name` is on; `false` for an unknown name.
     pub fn get(&self, name: &str) -> bool {
         bit(name).is_some_and(|b| self.bits.load(Ordering::Relaxed) & b != 0)
     }
 
+    /// Turns option `name` on or off; `false` when there is no such option.
     pub fn set(&self, name: &str, on: bool) -> bool {
         let Some(b) = bit(name) else { return false };
         if on {

@@ -30,7 +30,7 @@
 //!
 //! Where membarrier is not available, readers fall back to a real `SeqCst` fence.
 //!
-//! Each thread owns one cache-line-sized [`Slot`], registered on its first section and
+//! Each thread owns one cache-line-sized `Slot`, registered on its first section and
 //! returned to a free list when the thread exits, so threads never share a line on the hot
 //! path and the registry's lock is taken once per thread, never per event.
 
@@ -271,6 +271,7 @@ impl<T: Send + Sync> Default for RcuCell<T> {
 }
 
 impl<T: Send + Sync> RcuCell<T> {
+    /// A cell that holds nothing yet.
     pub const fn empty() -> Self {
         RcuCell {
             ptr: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),

@@ -95,6 +95,8 @@ pub fn take(instance: &Instance) -> Result<(), Errno> {
     swap(&instance.shared)
 }
 
+/// Opens the `snapshot` file of `instance`: reads show the snapshot buffer, writes take,
+/// clear or free it as ftrace.rst says.
 pub fn open(instance: Arc<Instance>, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
     let content = if flags.read {
         render(&instance)

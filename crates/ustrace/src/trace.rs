@@ -53,6 +53,7 @@ mod flag {
 
 /// One event in one instance: whether it records, its filter, its triggers.
 pub struct EventFile {
+    /// The event this file records.
     pub event: Arc<Event>,
     /// The instance this file belongs to (eprobes find their source event through it).
     pub instance: std::sync::Weak<Instance>,
@@ -328,6 +329,8 @@ impl EventFile {
         flags & flag::ENABLED != 0 && flags & flag::SOFT_DISABLED == 0
     }
 
+    /// Whether the event is soft-disabled (attached, but records nothing until a trigger
+    /// enables it).
     pub fn is_soft_disabled(&self) -> bool {
         self.flags.load(Ordering::Relaxed) & flag::SOFT_DISABLED != 0
     }
@@ -560,6 +563,7 @@ pub struct Instance {
     files: RwLock<BTreeMap<EventId, Arc<EventFile>>>,
     /// What each `events/SYS/filter` shows, by system.
     system_filters: Mutex<BTreeMap<String, String>>,
+    /// This instance's `options/` and `trace_options`.
     pub options: crate::options::Options,
     error_log: Mutex<VecDeque<LoggedError>>,
     /// Open readers that make `rmdir` fail with `EBUSY`.
@@ -609,6 +613,7 @@ impl Instance {
         Ok(instance)
     }
 
+    /// The instance's per-CPU ring buffer.
     pub fn buffer(&self) -> &RingBuffer {
         &self.shared.buffer
     }
@@ -675,6 +680,7 @@ impl Instance {
         }
     }
 
+    /// The instance's event file for event `id`.
     pub fn file(&self, id: EventId) -> Option<Arc<EventFile>> {
         self.files
             .read()
@@ -787,11 +793,13 @@ impl Instance {
         }
     }
 
+    /// What `error_log` shows.
     pub fn error_log_text(&self) -> String {
         let log = self.error_log.lock().unwrap_or_else(|e| e.into_inner());
         log.iter().map(|e| e.text.as_str()).collect()
     }
 
+    /// Empties `error_log`, as a truncating open of it does.
     pub fn clear_error_log(&self) {
         self.error_log
             .lock()
@@ -847,10 +855,12 @@ pub fn try_tracing() -> std::io::Result<&'static Tracing> {
 }
 
 impl Tracing {
+    /// The top-level instance (the tracefs root).
     pub fn top(&self) -> &Arc<Instance> {
         &self.top
     }
 
+    /// The instance `instances/NAME`.
     pub fn instance(&self, name: &str) -> Option<Arc<Instance>> {
         self.instances
             .read()
@@ -859,6 +869,7 @@ impl Tracing {
             .cloned()
     }
 
+    /// The names of the instances under `instances/`.
     pub fn instance_names(&self) -> Vec<String> {
         self.instances
             .read()

@@ -92,6 +92,7 @@ pub fn remove_hook(file: &Arc<EventFile>, id: &HookId) {
 }
 
 impl Registered {
+    /// The trigger as its `trigger` file lists it.
     pub fn listing(&self) -> String {
         self.trigger.listing()
     }

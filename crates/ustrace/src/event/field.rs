@@ -37,7 +37,12 @@ pub enum FieldKind {
     /// An integer (or bool) of the field's size and signedness.
     Int,
     /// A fixed array of `len` integers of `elem_size` bytes.
-    IntArray { elem_size: usize, len: usize },
+    IntArray {
+        /// Bytes per element.
+        elem_size: usize,
+        /// Number of elements.
+        len: usize,
+    },
     /// A fixed, NUL-padded string (`char name[N]`).
     CharArray,
     /// A `__data_loc char[]` string.
@@ -53,12 +58,17 @@ pub enum FieldKind {
 /// One field as the `format` file, filters and printers see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldDesc {
+    /// The field's name, as filters and print formats use it.
     pub name: Cow<'static, str>,
     /// The C type as filters expect it: `"u64"`, `"char[16]"`, `"__data_loc char[]"`.
     pub c_type: Cow<'static, str>,
+    /// Byte offset from the start of the record (common header included).
     pub offset: usize,
+    /// Size in bytes of the fixed part (4 for a `__data_loc` field).
     pub size: usize,
+    /// Whether an integer field is signed (`signed:1` in the `format` file).
     pub signed: bool,
+    /// What the field holds.
     pub kind: FieldKind,
 }
 
@@ -100,10 +110,15 @@ impl FieldDesc {
 /// Implementations store `SIZE` bytes in the fixed part of the record and, for dynamic
 /// fields, `dyn_len()` more bytes in the dynamic part.
 pub trait FieldValue {
+    /// The C type the `format` file shows (`"u64"`, `"__data_loc char[]"`).
     const C_TYPE: &'static str;
+    /// Bytes in the fixed part of the record.
     const SIZE: usize;
+    /// Alignment of the fixed part; the field's offset is the previous end rounded up to it.
     const ALIGN: usize;
+    /// Whether the value is a signed integer.
     const SIGNED: bool;
+    /// What filters and printers see.
     const KIND: FieldKind;
 
     /// Bytes this value needs in the dynamic part.
@@ -268,6 +283,7 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// An empty layout: the next field starts after the common header.
     pub fn new() -> Self {
         Layout {
             fields: Vec::new(),
@@ -308,6 +324,7 @@ impl Layout {
         self.end
     }
 
+    /// The fields pushed, with their offsets.
     pub fn finish(self) -> Vec<FieldDesc> {
         self.fields
     }

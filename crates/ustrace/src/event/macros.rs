@@ -13,7 +13,28 @@
 ///     print "key=%s hit=%d latency_ns=%llu", key, hit, latency_ns;
 /// }
 ///
-/// get::trace("alpha", true, 1200);   // one relaxed load while the event is off
+/// get::trace("alpha", true, 1200);   // a 5-byte NOP while the event is off (x86-64)
+/// # #[cfg(target_arch = "x86_64")]
+/// # {
+/// #     // The claim above, checked: every inlined copy of the call site is the NOP
+/// #     // `0f 1f 44 00 00` while off, and enabling patches each into a `jmp` (e9).
+/// #     let key = &get::KEY as *const _ as usize;
+/// #     let sites: Vec<usize> = ustrace_fprobe::static_key::jump_entries()
+/// #         .iter()
+/// #         .filter(|e| e.key == key)
+/// #         .map(|e| e.site)
+/// #         .collect();
+/// #     assert!(!sites.is_empty());
+/// #     // SAFETY: each site is an instruction of this program's text, which stays mapped
+/// #     // and readable.
+/// #     let nop = |site: usize| unsafe { std::slice::from_raw_parts(site as *const u8, 5) };
+/// #     assert!(sites.iter().all(|&s| nop(s) == [0x0f, 0x1f, 0x44, 0x00, 0x00]));
+/// #     use ustrace::FileSystem;
+/// #     ustrace::tracefs().write_file("events/kv/get/enable", "1").unwrap();
+/// #     assert!(sites.iter().all(|&s| nop(s)[0] == 0xe9));
+/// #     ustrace::tracefs().write_file("events/kv/get/enable", "0").unwrap();
+/// #     assert!(sites.iter().all(|&s| nop(s) == [0x0f, 0x1f, 0x44, 0x00, 0x00]));
+/// # }
 /// ```
 ///
 /// The macro makes a module named after the event (`get`) holding the tracepoint (`trace`,
@@ -23,9 +44,62 @@
 /// `[T; N]`, [`FixedStr<N>`](crate::event::FixedStr), `*const c_char`) and the expression,
 /// over the tracepoint's arguments, that gives its value; expressions are evaluated only
 /// while the event is recording. `print` is a printf format and the fields it prints.
+///
+/// # What a call site costs while the event is off
+///
+/// `trace(…)` and `enabled()` test a static key: on x86-64 the test is a 5-byte NOP in the
+/// instruction stream, which enabling the event patches into a jump to the recording path
+/// (and disabling patches back), so an off event costs no load and no branch. On other
+/// architectures the test is one load of the key's flag. `trace_checked(…)` always tests
+/// with one relaxed load instead of the patched branch, for code that must not be patched.
+///
+/// # Two events of the same name in one module
+///
+/// The module takes the event's name, so `kv::get` and `http::get` declared side by side
+/// would make two modules `get` (error `E0428`). Name the module with `as`:
+///
+/// ```
+/// ustrace::trace_event! {
+///     pub fn kv::get(key: &str) as kv_get {
+///         key: &str = key,
+///     }
+///     print "key=%s", key;
+/// }
+/// ustrace::trace_event! {
+///     pub fn http::get(path: &str) as http_get {
+///         path: &str = path,
+///     }
+///     print "path=%s", path;
+/// }
+///
+/// use ustrace::FileSystem;
+/// let tracefs = ustrace::tracefs();
+/// tracefs.write_file("events/kv/get/enable", "1").unwrap();
+/// tracefs.write_file("events/http/get/enable", "1").unwrap();
+/// kv_get::trace("alpha");
+/// http_get::trace("/index.html");
+/// let trace = tracefs.read_to_string("trace").unwrap();
+/// assert!(trace.contains("get: key=alpha"));
+/// assert!(trace.contains("get: path=/index.html"));
+/// ```
+///
+/// The event keeps its name (`kv:get`, `events/kv/get/`); only the Rust module differs.
+/// Declaring the two in separate Rust modules works as well.
+///
+/// ```compile_fail,E0428
+/// ustrace::trace_event! {
+///     pub fn kv::get(key: &str) { key: &str = key, }
+///     print "key=%s", key;
+/// }
+/// ustrace::trace_event! {
+///     pub fn http::get(path: &str) { path: &str = path, }
+///     print "path=%s", path;
+/// }
+/// ```
 #[macro_export]
 macro_rules! trace_event {
     (
+        @event $module:ident
         $(#[$meta:meta])*
         $vis:vis fn $system:ident :: $name:ident ( $($arg:ident : $aty:ty),* $(,)? ) {
             $( $field:ident : $fty:ty = $value:expr ),* $(,)?
@@ -34,7 +108,7 @@ macro_rules! trace_event {
     ) => {
         $(#[$meta])*
         #[allow(non_snake_case, dead_code)]
-        $vis mod $name {
+        $vis mod $module {
             #[allow(unused_imports)]
             use super::*;
             $crate::__tracepoint_items!($name($($arg: $aty),*));
@@ -107,6 +181,38 @@ macro_rules! trace_event {
             #[$crate::__private::linkme::distributed_slice($crate::event::EVENTS)]
             #[linkme(crate = $crate::__private::linkme)]
             static __EVENT_ENTRY: &'static $crate::event::StaticEvent = &EVENT;
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $system:ident :: $name:ident ( $($arg:ident : $aty:ty),* $(,)? ) as $module:ident {
+            $( $field:ident : $fty:ty = $value:expr ),* $(,)?
+        }
+        print $fmt:literal $(, $parg:ident)* $(,)?;
+    ) => {
+        $crate::trace_event! {
+            @event $module
+            $(#[$meta])*
+            $vis fn $system :: $name ( $($arg : $aty),* ) {
+                $( $field : $fty = $value ),*
+            }
+            print $fmt $(, $parg)*;
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis fn $system:ident :: $name:ident ( $($arg:ident : $aty:ty),* $(,)? ) {
+            $( $field:ident : $fty:ty = $value:expr ),* $(,)?
+        }
+        print $fmt:literal $(, $parg:ident)* $(,)?;
+    ) => {
+        $crate::trace_event! {
+            @event $name
+            $(#[$meta])*
+            $vis fn $system :: $name ( $($arg : $aty),* ) {
+                $( $field : $fty = $value ),*
+            }
+            print $fmt $(, $parg)*;
         }
     };
 }

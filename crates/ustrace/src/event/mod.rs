@@ -14,8 +14,8 @@
 //!
 //! Events are described by [`EventClass`], implemented for macro-defined events
 //! ([`StaticEvent`]), for the built-in `ftrace:print` (`trace_marker`), and later for dynamic
-//! events. The [`registry`] gives each one an [`EventId`] and compiles its print format
-//! once; instances keep one [`EventFile`](crate::trace::EventFile) per event.
+//! events. The [`registry`](mod@registry) gives each one an [`EventId`] and compiles its print format
+//! once; instances keep one [`EventFile`] per event.
 
 pub mod field;
 mod macros;
@@ -31,13 +31,16 @@ use ustrace_ctl::vfs::Errno;
 
 /// Stops feeding an event file; returned by [`EventClass::attach`].
 pub trait Attachment: Send + Sync {
+    /// Stops the records; after it returns no new record reaches the file.
     fn detach(self: Box<Self>);
 }
 
 /// What makes an event: its names, its record layout, its print format, and how it is
 /// connected to the code that produces it.
 pub trait EventClass: Send + Sync + 'static {
+    /// The system (`kv` in `kv:get`): the directory under `events/`.
     fn system(&self) -> &str;
+    /// The event's name (`get` in `kv:get`).
     fn name(&self) -> &str;
     /// The event's own fields (not the common ones), with offsets.
     fn fields(&self) -> Vec<FieldDesc>;
@@ -69,17 +72,22 @@ pub trait EventClass: Send + Sync + 'static {
 /// An event defined with [`trace_event!`](crate::trace_event): everything is known at
 /// compile time.
 pub struct StaticEvent {
+    /// The system (`kv` in `kv:get`).
     pub system: &'static str,
+    /// The event's name (`get` in `kv:get`).
     pub name: &'static str,
     /// Where the event was declared (`module_path!()`); its first segment is the crate,
     /// the event's "module" for `set_event`'s `:mod:` form.
     pub module_path: &'static str,
+    /// The event's own fields, laid out by [`Layout`].
     pub layout: fn() -> Vec<FieldDesc>,
     /// The C format string, without quotes.
     pub format: &'static str,
     /// Field names the format's conversions print, in order.
     pub print_args: &'static [&'static str],
+    /// Registers the probe that records into an event file.
     pub attach: fn(Arc<EventFile>) -> crate::tracepoint::ProbeId,
+    /// Unregisters a probe `attach` registered.
     pub detach: fn(crate::tracepoint::ProbeId),
 }
 

@@ -24,7 +24,9 @@ const FIRST_STATIC_ID: u16 = 1000;
 
 /// A registered event.
 pub struct Event {
+    /// The id records carry (`common_type`) and the `id` file shows.
     pub id: EventId,
+    /// What the event is: names, layout, print format, how it attaches.
     pub class: Arc<dyn EventClass>,
     /// The event's own fields (not the common ones).
     pub fields: Vec<FieldDesc>,
@@ -52,10 +54,12 @@ impl Event {
         })
     }
 
+    /// The system (`kv` in `kv:get`).
     pub fn system(&self) -> &str {
         self.class.system()
     }
 
+    /// The event's name (`get` in `kv:get`).
     pub fn name(&self) -> &str {
         self.class.name()
     }
@@ -152,10 +156,12 @@ impl Registry {
             .clone()
     }
 
+    /// The event with this id.
     pub fn by_id(&self, id: EventId) -> Option<Arc<Event>> {
         self.all().into_iter().find(|e| e.id == id)
     }
 
+    /// The event `system:name`.
     pub fn find(&self, system: &str, name: &str) -> Option<Arc<Event>> {
         self.all()
             .into_iter()

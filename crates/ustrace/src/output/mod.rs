@@ -45,6 +45,7 @@ impl std::fmt::Display for Seconds {
 /// Symbolizes addresses for `%pS`/`%ps` with the process's symbol table, and prints a plain
 /// `%p` hashed (the `hash-ptr` option, on by default) or as is.
 pub struct ProcessSymbols {
+    /// Whether a plain `%p` prints hashed (the `hash-ptr` option).
     pub hash_ptr: bool,
 }
 

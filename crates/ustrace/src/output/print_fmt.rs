@@ -7,7 +7,7 @@
 //! "key=%s hit=%d latency=%llu", __get_str(key), REC->hit, REC->latency
 //! ```
 //!
-//! It is compiled once, when the event is registered, into a list of [`Piece`]s — literal text
+//! It is compiled once, when the event is registered, into a list of `Piece`s — literal text
 //! and conversions bound to an argument — and rendered for each record read. The argument
 //! language is the part of C the kernel's event definitions use and libtraceevent knows:
 //! `REC->field`, `__get_str(f)`, `__get_dynamic_array(f)`, `__print_hex(…)`, `__print_array(…)`,
@@ -85,6 +85,7 @@ pub struct PrintFmtError(String);
 /// Turns an address into `sym+off/size` (for `%pS`) or `sym` (for `%ps`), and says how a
 /// plain `%p` prints.
 pub trait Symbolizer {
+    /// `sym+off/size` with `with_offset`, else `sym`; `None` when no symbol covers `addr`.
     fn symbolize(&self, addr: u64, with_offset: bool) -> Option<String>;
 
     /// A plain `%p`: the address itself in 16 hex digits, as the kernel's `%px` (what the

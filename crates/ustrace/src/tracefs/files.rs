@@ -23,6 +23,7 @@ pub struct TextFile {
 }
 
 impl TextFile {
+    /// A file that reads `content` and hands each write to `writer` (none: writes fail).
     pub fn new(content: impl Into<Vec<u8>>, writer: Option<WriteFn>) -> Self {
         TextFile {
             content: content.into(),
@@ -32,6 +33,7 @@ impl TextFile {
         }
     }
 
+    /// Runs `release` when the file is closed (as `free_buffer` acts on close).
     pub fn on_release(mut self, release: ReleaseFn) -> Self {
         self.on_release = Some(release);
         self

@@ -13,7 +13,7 @@
 //!  └─ instances/NAME/      the same tree again (no instances/ inside), independent state
 //! ```
 //!
-//! A path is resolved to a [`Node`] each time it is used; nodes hold the instance or event
+//! A path is resolved to a `Node` each time it is used; nodes hold the instance or event
 //! they name, so a file opened before its instance was removed keeps working on the old one.
 //! Errors are the kernel's errno for the same mistake.
 
@@ -366,6 +366,12 @@ impl FileSystem for TraceFs {
     }
 
     fn open(&self, path: &str, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
+        // O_TRUNC acts only on an open for writing: the kernel's files check FMODE_WRITE
+        // before they clear anything (an O_RDONLY|O_TRUNC open of `trace` keeps it, on 6.18).
+        let flags = OpenFlags {
+            truncate: flags.truncate && flags.write,
+            ..flags
+        };
         match resolve(path)? {
             Node::Dir(_) => Err(Errno::EISDIR),
             Node::File(file) => open_file(file, flags),

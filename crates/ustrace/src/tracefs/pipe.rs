@@ -27,6 +27,8 @@ pub struct TracePipe {
 }
 
 impl TracePipe {
+    /// A consuming reader of `instance`'s buffer: one CPU or all merged, text or raw pages
+    /// (`trace_pipe_raw`), blocking or not.
     pub fn new(instance: Arc<Instance>, cpu: Option<usize>, raw: bool, nonblock: bool) -> Self {
         instance.users.fetch_add(1, Ordering::SeqCst);
         TracePipe {
