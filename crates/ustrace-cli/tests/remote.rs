@@ -77,7 +77,7 @@ fn pid() -> String {
 #[test]
 fn ps_lists_this_process() {
     let s = serve();
-    let out = ok(&s, &["ps"]);
+    let out = ok(&s, &["ps", "--sockets"]);
     let line = out
         .lines()
         .find(|l| l.split_whitespace().next() == Some(&pid()))

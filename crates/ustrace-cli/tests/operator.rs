@@ -1,0 +1,378 @@
+//! The operator's first hour (issue 18): `ps` columns, `write` errors with their `error_log`
+//! entry, help that works, completions and man pages, the demo's closing line, and `mount`
+//! refusing a target it must not use. The real binary against this test process's own
+//! tracefs (served through `USTRACE_SOCKET_DIR`), or against `ustrace demo --serve`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use ustrace::{FileSystem, OpenFlags};
+use ustrace_ctl::server::{self, ServerConfig, ServerHandle};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ustrace");
+
+ustrace::trace_event! {
+    /// An event of this test, so the served tracefs has one to count and enable.
+    pub fn optest::tick(n: u64) {
+        n: u64 = n,
+    }
+    print "n=%llu", n;
+}
+
+/// A private directory, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "ustrace-op-{tag}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// This process's real tracefs, served once for every test here.
+fn served() -> &'static (ServerHandle, PathBuf) {
+    static SERVED: OnceLock<(ServerHandle, PathBuf)> = OnceLock::new();
+    SERVED.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("ustrace-op-sock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = ServerConfig {
+            socket_dir: Some(dir.clone()),
+            ..Default::default()
+        };
+        let handle = server::serve_with(Arc::new(ustrace::TraceFs), config).unwrap();
+        (handle, dir)
+    })
+}
+
+fn ustrace(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .env("USTRACE_SOCKET_DIR", &served().1)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = ustrace(args);
+    assert!(
+        out.status.success(),
+        "ustrace {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn read(path: &str) -> String {
+    let mut f = ustrace::tracefs().open(path, OpenFlags::READ).unwrap();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = f.read(&mut buf, None).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn write(path: &str, text: &str) {
+    let mut f = ustrace::tracefs().open(path, OpenFlags::TRUNCATE).unwrap();
+    f.write(text.as_bytes()).unwrap();
+}
+
+fn lines(text: &str) -> usize {
+    text.lines().filter(|l| !l.trim().is_empty()).count()
+}
+
+#[test]
+fn ps_shows_user_command_line_and_event_counts() {
+    tick::trace(1);
+    write("events/optest/tick/enable", "1");
+    let me = std::process::id().to_string();
+    let out = ok(&["ps"]);
+    let header = out.lines().next().unwrap();
+    for column in ["PID", "USER", "EVENTS", "ENABLED", "COMMAND"] {
+        assert!(header.contains(column), "{header}");
+    }
+    let line = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&me))
+        .unwrap_or_else(|| panic!("pid {me} not listed:\n{out}"));
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    // SAFETY: geteuid has no preconditions.
+    let user = if unsafe { libc::geteuid() } == 0 {
+        "root".to_owned()
+    } else {
+        std::env::var("USER").unwrap_or_default()
+    };
+    if !user.is_empty() {
+        assert_eq!(cols[1], user, "{line}");
+    }
+    let events = lines(&read("available_events"));
+    let enabled = lines(&read("set_event"));
+    assert!(enabled >= 1, "the test enabled optest:tick");
+    assert_eq!(cols[2], events.to_string(), "{line}");
+    assert_eq!(cols[3], enabled.to_string(), "{line}");
+    // The full command line: this test binary's path, then its arguments.
+    let exe = std::env::args().next().unwrap();
+    assert_eq!(cols[4], exe, "{line}");
+    let with_sockets = ok(&["ps", "--sockets"]);
+    assert!(
+        with_sockets.contains(served().0.socket_path().to_str().unwrap()),
+        "{with_sockets}"
+    );
+}
+
+#[test]
+fn a_rejected_write_prints_its_error_log_entry() {
+    let me = std::process::id().to_string();
+    let out = ustrace(&["write", "-p", &me, "events/optest/tick/filter", "n >> 3"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Invalid argument"), "{err}");
+    let log = read("error_log");
+    let entry: Vec<&str> = log.lines().rev().take(3).collect();
+    // The last entry: "[ts] ...: error: MESSAGE", "  Command: n >> 3", the caret line.
+    let (caret, command, first) = (entry[0], entry[1], entry[2]);
+    assert!(command.contains("Command: n >> 3"), "{log}");
+    let message = first.split("] ").nth(1).unwrap();
+    assert!(err.contains(message), "stderr lacks {message:?}:\n{err}");
+    assert!(err.contains(command), "{err}");
+    assert!(err.contains(caret), "{err}");
+    assert!(err.contains(caret.trim()), "{err}");
+    // Only the new entry: one Command line, however many the log holds.
+    let out = ustrace(&["write", "-p", &me, "events/optest/tick/filter", "n >> 4"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("Command:").count(), 1, "{err}");
+    assert!(err.contains("Command: n >> 4"), "{err}");
+    // A refusal that logs nothing prints the errno alone.
+    let out = ustrace(&["write", "-p", &me, "set_event", "nosuch:nosuch"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("error_log"), "{err}");
+}
+
+#[test]
+fn help_is_a_verb_with_help() {
+    let out = ok(&["help", "--help"]);
+    assert!(out.contains("Usage: ustrace help"), "{out}");
+    assert!(ok(&["help", "mount"]).contains("Usage: ustrace mount"));
+    assert!(ok(&["help"]).contains("Usage: ustrace <COMMAND>"));
+    let out = ustrace(&["help", "nosuch"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no verb named"));
+}
+
+#[test]
+fn completions_and_man_pages_come_from_the_definitions() {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef ustrace"),
+        ("fish", "complete -c ustrace"),
+    ] {
+        let out = ok(&["completions", shell]);
+        assert!(out.contains(marker), "{shell}: {out}");
+        for verb in ["mount", "pipe", "completions", "allow-group"] {
+            assert!(out.contains(verb), "{shell} lacks {verb}");
+        }
+    }
+    let scratch = Scratch::new("man");
+    let dir = scratch.0.join("man1");
+    let listed = ok(&["man", dir.to_str().unwrap()]);
+    for page in ["ustrace.1", "ustrace-mount.1", "ustrace-write.1"] {
+        let path = dir.join(page);
+        assert!(listed.contains(path.to_str().unwrap()), "{listed}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(".ie") || text.contains(".TH"), "{page}");
+    }
+    let mount = std::fs::read_to_string(dir.join("ustrace-mount.1")).unwrap();
+    assert!(mount.contains("allow\\-group"), "{mount}");
+}
+
+/// A running `ustrace demo --serve`, killed on drop.
+struct Demo {
+    child: Child,
+    _scratch: Scratch,
+    sock: PathBuf,
+}
+
+impl Demo {
+    fn start() -> Demo {
+        let scratch = Scratch::new("demo");
+        let sock = scratch.0.join("sock");
+        let mut child = Command::new(BIN)
+            .args(["demo", "--serve", "--workers", "1", "--rate", "100"])
+            .args(["--seconds", "60"])
+            .env("USTRACE_SOCKET_DIR", &sock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let socket = sock.join(format!("{}.sock", child.id()));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !socket.exists() {
+            assert!(child.try_wait().unwrap().is_none(), "demo exited early");
+            assert!(Instant::now() < deadline, "demo never served");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Demo {
+            child,
+            _scratch: scratch,
+            sock,
+        }
+    }
+
+    fn ustrace(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .env("USTRACE_SOCKET_DIR", &self.sock)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn every_path_in_cat_help_exists_in_the_demo() {
+    let demo = Demo::start();
+    let pid = demo.child.id().to_string();
+    let help = String::from_utf8(demo.ustrace(&["cat", "--help"]).stdout).unwrap();
+    let paths: Vec<&str> = help
+        .split(|c: char| c.is_whitespace() || c == '`' || c == ',')
+        .filter(|w| w.starts_with("events/") || *w == "trace")
+        .collect();
+    assert!(paths.len() >= 3, "{help}");
+    for path in paths {
+        let out = demo.ustrace(&["cat", "-p", &pid, path]);
+        assert!(
+            out.status.success(),
+            "`ustrace cat --help` names {path}, which fails: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_demo_ends_with_its_buffer_stats() {
+    let out = Command::new(BIN)
+        .args(["demo", "--seconds", "0.2", "--workers", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let last = text.lines().last().unwrap();
+    // The process is gone after this line: it must carry the numbers, not point at files.
+    let holds: u64 = last
+        .split("holds ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no event count in {last:?}"));
+    assert!(holds > 0, "{last}");
+    let body = text.lines().filter(|l| !l.starts_with('#')).count();
+    assert!(body > 0);
+}
+
+fn mounted(dir: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    mounts
+        .lines()
+        .any(|l| l.starts_with("tracefs ") && l.split(' ').nth(1) == dir.to_str())
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if start.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("process did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn mount_refuses_a_mounted_nonempty_or_file_target_and_makes_a_missing_one() {
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let me = std::process::id().to_string();
+    let scratch = Scratch::new("mnt");
+    let dir = scratch.0.join("not-yet");
+    let mut first = Command::new(BIN)
+        .env("USTRACE_SOCKET_DIR", &served().1)
+        .args(["mount", "-p", &me, dir.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(mounted(&dir) && std::fs::metadata(&dir).is_ok()) {
+        if first.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let _ = first.kill();
+            let out = first.wait_with_output().unwrap();
+            panic!(
+                "mount did not appear: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A second mount on the same directory is refused and leaves the first alone.
+    let out = ustrace(&["mount", "-p", &me, dir.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already a ustrace mount"), "{err}");
+    assert!(mounted(&dir));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("tracing_on")).unwrap(),
+        "1\n"
+    );
+
+    let full = scratch.0.join("full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(full.join("x"), "x").unwrap();
+    let out = ustrace(&["mount", "-p", &me, full.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
+    let out = ustrace(&["mount", "-p", &me, full.join("x").to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+    assert!(!mounted(&full));
+
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
+    assert!(wait_exit(&mut first, Duration::from_secs(10)).success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut first.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("created"), "{err}");
+    assert!(!mounted(&dir));
+    assert!(!dir.exists(), "the directory it made is removed again");
+}
