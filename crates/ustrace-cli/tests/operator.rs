@@ -3,6 +3,9 @@
 //! refusing a target it must not use. The real binary against this test process's own
 //! tracefs (served through `USTRACE_SOCKET_DIR`), or against `ustrace demo --serve`.
 
+mod common;
+
+use common::DefaultSignals;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -222,6 +225,7 @@ impl Demo {
             .env("USTRACE_SOCKET_DIR", &sock)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .default_signals()
             .spawn()
             .unwrap();
         let socket = sock.join(format!("{}.sock", child.id()));
@@ -331,6 +335,7 @@ fn mount_refuses_a_mounted_nonempty_or_file_target_and_makes_a_missing_one() {
         .env("USTRACE_SOCKET_DIR", &served().1)
         .args(["mount", "-p", &me, dir.to_str().unwrap()])
         .stderr(Stdio::piped())
+        .default_signals()
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
