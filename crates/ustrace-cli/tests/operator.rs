@@ -381,3 +381,94 @@ fn mount_refuses_a_mounted_nonempty_or_file_target_and_makes_a_missing_one() {
     assert!(!mounted(&dir));
     assert!(!dir.exists(), "the directory it made is removed again");
 }
+
+/// The `tracing_mark_write` lines of this process's trace that carry `text`.
+fn marker_lines(text: &str) -> Vec<String> {
+    read("trace")
+        .lines()
+        .filter(|l| l.contains("tracing_mark_write") && l.contains(text))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn a_marker_written_over_the_socket_names_the_writer() {
+    let me = std::process::id().to_string();
+    let mut child = Command::new(BIN)
+        .env("USTRACE_SOCKET_DIR", &served().1)
+        .args(["write", "-p", &me, "trace_marker", "hello-over-the-socket"])
+        .default_signals()
+        .spawn()
+        .unwrap();
+    let writer = child.id();
+    let status = wait_exit(&mut child, Duration::from_secs(30));
+    assert!(status.success());
+    let lines = marker_lines("hello-over-the-socket");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    // `ustrace write` (comm `ustrace`) wrote it, not a server thread of this process.
+    assert!(
+        lines[0]
+            .trim_start()
+            .starts_with(&format!("ustrace-{writer} ")),
+        "{}",
+        lines[0]
+    );
+    assert!(read("saved_cmdlines").contains(&format!("{writer} ustrace\n")));
+    // Acting for a task that does not exist is refused, and nothing else changes.
+    let mut client = ustrace_ctl::client::Client::connect_path(served().0.socket_path()).unwrap();
+    let err = client.act_for(u32::MAX - 1).unwrap_err();
+    assert_eq!(err.errno(), ustrace::Errno(libc::ESRCH), "{err}");
+    client.act_for(writer).unwrap_err();
+    client.act_for(0).unwrap();
+}
+
+#[test]
+fn a_marker_written_through_the_mount_names_the_shell_that_wrote() {
+    // SAFETY: geteuid has no preconditions.
+    if !Path::new("/dev/fuse").exists() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let me = std::process::id().to_string();
+    let scratch = Scratch::new("marker");
+    let dir = scratch.0.join("mnt");
+    let mut mount = Command::new(BIN)
+        .env("USTRACE_SOCKET_DIR", &served().1)
+        .args(["mount", "-p", &me, dir.to_str().unwrap()])
+        .stderr(Stdio::null())
+        .default_signals()
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(mounted(&dir) && std::fs::metadata(&dir).is_ok()) {
+        if mount.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let _ = mount.kill();
+            let _ = mount.wait();
+            panic!("mount did not appear");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut sh = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo hello-through-fuse > {}/trace_marker",
+            dir.display()
+        ))
+        .default_signals()
+        .spawn()
+        .unwrap();
+    let writer = sh.id();
+    let status = wait_exit(&mut sh, Duration::from_secs(30));
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(mount.id() as i32, libc::SIGINT) };
+    assert!(wait_exit(&mut mount, Duration::from_secs(10)).success());
+    assert!(status.success());
+    let lines = marker_lines("hello-through-fuse");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    // The shell's echo is a builtin: the shell itself wrote.
+    assert!(
+        lines[0].trim_start().starts_with(&format!("sh-{writer} ")),
+        "{}",
+        lines[0]
+    );
+}
