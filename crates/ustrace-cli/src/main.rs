@@ -92,7 +92,8 @@ enum Command {
                             cat /mnt/t/trace_pipe       (Ctrl-C to stop)\n  \
                             ustrace mount -p 1234 --allow-group tracing /mnt/t   \
                             (members of `tracing` may read it too)\n\
-                            As root no fusermount is needed. A mount left by a killed \
+                            As root no helper is needed; a user mounts through the setuid \
+                            fusermount3 (package fuse3). A mount left by a killed \
                             `ustrace mount` is cleaned up by the next one on the same directory.")]
     Mount(mount::MountArgs),
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).

@@ -472,3 +472,132 @@ fn a_marker_written_through_the_mount_names_the_shell_that_wrote() {
         lines[0]
     );
 }
+
+/// Runs `cmd` as uid/gid 65534 when this test runs as root (else as the user it runs as).
+fn as_unprivileged(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // SAFETY: runs in the child before exec; setgroups/setgid/setuid are
+        // async-signal-safe and use no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(65534) != 0
+                    || libc::setuid(65534) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd
+}
+
+#[test]
+fn a_user_mounts_through_fusermount3_or_is_told_the_real_cause() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: no /dev/fuse on this machine");
+        return;
+    }
+    let scratch = Scratch::new("user");
+    let c = |p: &Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: chown(2) on a path we made; a non-root run owns it already (then it fails).
+    unsafe { libc::chown(c(&scratch.0).as_ptr(), 65534, 65534) };
+    let sock = scratch.0.join("sock");
+    let mut demo = as_unprivileged(
+        Command::new(BIN)
+            .args(["demo", "--serve", "--workers", "1", "--rate", "100"])
+            .args(["--seconds", "60"])
+            .env("USTRACE_SOCKET_DIR", &sock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .default_signals(),
+    )
+    .spawn()
+    .unwrap();
+    let socket = sock.join(format!("{}.sock", demo.id()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        if demo.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let _ = demo.kill();
+            let _ = demo.wait();
+            panic!("the unprivileged demo never served");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dir = scratch.0.join("mnt");
+    let mut mount = as_unprivileged(
+        Command::new(BIN)
+            .env("USTRACE_SOCKET_DIR", &sock)
+            .args(["mount", "-p", &demo.id().to_string(), dir.to_str().unwrap()])
+            .stderr(Stdio::piped())
+            .default_signals(),
+    )
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let up = loop {
+        // Only (listed): root may not look into a user's FUSE mount without allow_root.
+        if mounted(&dir) {
+            break true;
+        }
+        if mount.try_wait().unwrap().is_some() {
+            break false;
+        }
+        if Instant::now() > deadline {
+            let _ = mount.kill();
+            // SAFETY: umount2 on a path string we own; a killed server leaves its mount.
+            unsafe { libc::umount2(c(&dir).as_ptr(), libc::MNT_DETACH) };
+            let _ = demo.kill();
+            let _ = demo.wait();
+            panic!("ustrace mount neither mounted nor failed within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if !up {
+        let _ = demo.kill();
+        let _ = demo.wait();
+        let out = mount.wait_with_output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Not a bare "Permission denied" on the directory: the helper and what it said,
+        // and /dev/fuse when that is what refuses.
+        assert!(err.contains("fusermount3"), "{err}");
+        let device_refuses = std::fs::metadata("/dev/fuse").is_ok_and(|m| {
+            std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o006 != 0o006
+        });
+        if device_refuses {
+            assert!(err.contains("cannot open /dev/fuse"), "{err}");
+        }
+        eprintln!(
+            "skipped: this machine lets no user mount FUSE ({})",
+            err.trim()
+        );
+        return;
+    }
+    let out = as_unprivileged(Command::new("sh").arg("-c").arg(format!(
+        "cat {d}/tracing_on && echo from-a-user > {d}/trace_marker && cat {d}/trace",
+        d = dir.display()
+    )))
+    .output()
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with("1\n") && text.contains("from-a-user"),
+        "{text}"
+    );
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(mount.id() as i32, libc::SIGINT) };
+    let status = wait_exit(&mut mount, Duration::from_secs(10));
+    let _ = demo.kill();
+    let _ = demo.wait();
+    assert!(status.success());
+    assert!(!mounted(&dir), "the user's mount is left behind");
+}
