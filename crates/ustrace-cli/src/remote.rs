@@ -141,7 +141,17 @@ pub fn ps(args: PsArgs) -> Result<(), String> {
         eprintln!("ustrace: no process serves a tracefs (start one with USTRACE_SERVE=1)");
         return Ok(());
     }
-    let socket_header = if args.sockets { "SOCKET  " } else { "" };
+    // The socket column is as wide as its longest path, so COMMAND lines up after it.
+    let width = served
+        .iter()
+        .map(|s| s.socket.display().to_string().len())
+        .max()
+        .unwrap_or(0);
+    let socket_header = if args.sockets {
+        format!("{:<width$}  ", "SOCKET")
+    } else {
+        String::new()
+    };
     outln!(
         "{:>8} {:<10} {:>6} {:>7}  {socket_header}COMMAND",
         "PID",
@@ -155,7 +165,7 @@ pub fn ps(args: PsArgs) -> Result<(), String> {
             .unwrap_or_else(|_| "?".into());
         let (events, enabled) = event_counts(&s.socket);
         let socket = if args.sockets {
-            format!("{}  ", s.socket.display())
+            format!("{:<width$}  ", s.socket.display().to_string())
         } else {
             String::new()
         };
