@@ -389,11 +389,27 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
             body.len() - shown
         );
     }
+    // The process exits after this line, so its per_cpu/cpuN/stats are summed here.
+    let total = |key: &str| -> u64 {
+        (0..)
+            .map_while(|cpu| read(&format!("per_cpu/cpu{cpu}/stats")).ok())
+            .flat_map(|stats| {
+                let prefix = format!("{key}: ");
+                stats
+                    .lines()
+                    .filter_map(|l| l.strip_prefix(&prefix)?.trim().parse::<u64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    };
     outln!(
-        "\n# {} requests served by {} workers in {:.1} s; per-CPU stats in per_cpu/cpuN/stats",
+        "\n# {} requests served by {} workers in {:.1} s; the buffer holds {} events, {} were overwritten and {} dropped (per_cpu/cpuN/stats, summed)",
         served.load(Ordering::Relaxed),
         args.workers,
-        args.seconds
+        args.seconds,
+        total("entries"),
+        total("overrun"),
+        total("dropped events")
     );
     Ok(())
 }

@@ -27,7 +27,8 @@ mod demo;
 mod mount;
 mod remote;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 const EXAMPLES: &str = "\
@@ -47,7 +48,9 @@ Examples:
     name = "ustrace",
     version,
     about = "The kernel's event tracing, inside any Linux process",
-    after_help = EXAMPLES
+    after_help = EXAMPLES,
+    // Our own `help` verb below: clap's answers `help --help` with a usage error.
+    disable_help_subcommand = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -60,9 +63,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure the cost of each hot path on this machine.
     Bench(bench::BenchArgs),
-    /// List the processes that serve a tracefs.
-    #[command(after_help = "Example:\n  ustrace ps")]
-    Ps,
+    /// List the processes that serve a tracefs: user, events declared and enabled, command line.
+    #[command(after_help = "Examples:\n  ustrace ps\n  ustrace ps --sockets")]
+    Ps(remote::PsArgs),
     /// Print a tracefs file of a running process (streams a pipe until Ctrl-C).
     #[command(after_help = "Examples:\n  ustrace cat -p 1234 trace\n  \
                             ustrace cat -p 1234 events/kv/get/format")]
@@ -89,9 +92,32 @@ enum Command {
                             cat /mnt/t/trace_pipe       (Ctrl-C to stop)\n  \
                             ustrace mount -p 1234 --allow-group tracing /mnt/t   \
                             (members of `tracing` may read it too)\n\
-                            As root no fusermount is needed. A mount left by a killed \
+                            As root no helper is needed; a user mounts through the setuid \
+                            fusermount3 (package fuse3). A mount left by a killed \
                             `ustrace mount` is cleaned up by the next one on the same directory.")]
     Mount(mount::MountArgs),
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    #[command(after_help = "Examples:\n  \
+                            ustrace completions bash > /etc/bash_completion.d/ustrace\n  \
+                            ustrace completions zsh > /usr/local/share/zsh/site-functions/_ustrace\n  \
+                            ustrace completions fish > ~/.config/fish/completions/ustrace.fish")]
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Write the manual pages (ustrace.1, ustrace-VERB.1) into DIR, creating it if needed.
+    #[command(after_help = "Examples:\n  ustrace man /usr/local/share/man/man1\n  \
+                            ustrace man /tmp/m && man /tmp/m/ustrace-mount.1")]
+    Man {
+        /// The directory to write the pages into.
+        dir: PathBuf,
+    },
+    /// Print the help of ustrace, or of one of its verbs.
+    #[command(after_help = "Examples:\n  ustrace help\n  ustrace help mount")]
+    Help {
+        /// The verb to describe.
+        verb: Option<String>,
+    },
 }
 
 /// Writes to stdout for [`outln!`] and [`out!`]. Output is what a verb is for, so a stdout
@@ -107,17 +133,81 @@ fn write_out(args: std::fmt::Arguments) {
     }
 }
 
+/// `ustrace help [VERB]`: the same text as `--help`.
+fn help(verb: Option<&str>) -> Result<(), String> {
+    let mut cmd = Cli::command();
+    // Building fills in each verb's `ustrace VERB` usage line.
+    cmd.build();
+    let text = match verb {
+        None => cmd.render_long_help(),
+        Some(name) => match cmd.find_subcommand_mut(name) {
+            Some(sub) => sub.render_long_help(),
+            None => {
+                let verbs: Vec<String> = Cli::command()
+                    .get_subcommands()
+                    .map(|c| c.get_name().to_owned())
+                    .collect();
+                return Err(format!(
+                    "no verb named {name:?}; the verbs are: {}",
+                    verbs.join(", ")
+                ));
+            }
+        },
+    };
+    out!("{text}");
+    Ok(())
+}
+
+/// `ustrace man DIR`: one page for `ustrace` and one per verb, named as `man` looks them up.
+fn man_pages(dir: &std::path::Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let cmd = Cli::command();
+    let mut written = Vec::new();
+    let mut page = |cmd: clap::Command| -> Result<(), String> {
+        let man = clap_mangen::Man::new(cmd);
+        let path = man
+            .generate_to(dir)
+            .map_err(|e| format!("cannot write a page into {}: {e}", dir.display()))?;
+        written.push(path);
+        Ok(())
+    };
+    let mut cmd = cmd;
+    cmd.build();
+    page(cmd.clone())?;
+    for sub in cmd.get_subcommands() {
+        // The page of `ustrace mount` is `ustrace-mount(1)`, as git and cargo name theirs.
+        let name = format!("ustrace-{}", sub.get_name());
+        page(
+            sub.clone()
+                .bin_name(format!("ustrace {}", sub.get_name()))
+                .display_name(name),
+        )?;
+    }
+    for path in &written {
+        outln!("{}", path.display());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
-        Command::Ps => remote::ps(),
+        Command::Ps(args) => remote::ps(args),
         Command::Cat(args) => remote::cat(args),
         Command::Write(args) => remote::write(args),
         Command::Ls(args) => remote::ls(args),
         Command::Pipe(args) => remote::pipe(args),
         Command::Mount(args) => mount::run(args),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "ustrace", &mut out);
+            out!("{}", String::from_utf8_lossy(&out));
+            Ok(())
+        }
+        Command::Man { dir } => man_pages(&dir),
+        Command::Help { verb } => help(verb.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

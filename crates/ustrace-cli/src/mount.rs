@@ -6,7 +6,7 @@
 //! also checks whether the traced process went away or someone ran `umount DIR`. Leaving
 //! unmounts (lazily, so a busy mount still goes).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use ustrace_ctl::discover;
 use ustrace_ctl::fuse::{Mount, MountOptions};
 
@@ -14,7 +14,9 @@ use ustrace_ctl::fuse::{Mount, MountOptions};
 pub struct MountArgs {
     #[command(flatten)]
     pub target: crate::remote::PidArg,
-    /// An existing empty directory to mount on.
+    /// An empty directory to mount on; made (and removed afterwards) if it does not exist.
+    /// A directory that is already a mount point, is not empty, or is not a directory is
+    /// refused.
     pub dir: PathBuf,
     /// Let the members of GROUP (a name or a gid) use the mount too: files are shown as
     /// owned by GROUP with the kernel's group bits (read, and write `trace_marker`), others
@@ -69,21 +71,95 @@ fn signal_set() -> libc::sigset_t {
     }
 }
 
-fn in_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+/// Whether `/proc/self/mountinfo` lists `dir` (absolute, resolved) as a mount point, and if
+/// so with which file-system type and source.
+fn mounted_at(dir: &Path) -> Option<(String, String)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // Later lines are mounted on top of earlier ones: the last match is what `dir` shows.
+    info.lines().rev().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let target = left.split(' ').nth(4)?;
+        if Path::new(&unescape(target)) != dir {
+            return None;
+        }
+        let mut right = right.split(' ');
+        Some((right.next()?.to_owned(), right.next()?.to_owned()))
+    })
+}
+
+/// `/proc/self/mountinfo` writes space, tab, newline and backslash as octal escapes.
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 4 <= b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Checks the mount point as `mount --help` promises, making it when it is missing. Returns
+/// whether it was made here (so it is removed again afterwards). A dead mount left by a
+/// killed `ustrace mount` (every access fails with ENOTCONN) is let through: mounting
+/// detaches it first.
+fn prepare_mount_point(dir: &Path) -> Result<bool, String> {
+    let shown = dir.display();
+    let meta = match std::fs::metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {shown}: {e}"))?;
+            eprintln!("ustrace: created {shown} to mount on (it is removed at unmount)");
+            return Ok(true);
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Ok(false),
+        Err(e) => return Err(format!("cannot mount on {shown}: {e}")),
+    };
+    if !meta.is_dir() {
+        return Err(format!("cannot mount on {shown}: it is not a directory"));
+    }
+    let absolute = dir
+        .canonicalize()
+        .map_err(|e| format!("cannot mount on {shown}: {e}"))?;
+    if let Some((fstype, source)) = mounted_at(&absolute) {
+        let what = if fstype.starts_with("fuse") && source == "tracefs" {
+            "already a ustrace mount; stop its `ustrace mount` (or `umount` it) first".to_owned()
+        } else {
+            format!("already a mount point ({fstype} from {source})")
+        };
+        return Err(format!("cannot mount on {shown}: it is {what}"));
+    }
+    let mut entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot mount on {shown}: {e}"))?;
+    if entries.next().is_some() {
+        return Err(format!(
+            "cannot mount on {shown}: it is not empty (what is in it would be hidden)"
+        ));
+    }
+    Ok(false)
 }
 
 pub fn run(args: MountArgs) -> Result<(), String> {
     let allow_group = args.allow_group.as_deref().map(group_id).transpose()?;
     let socket = discover::find_socket(args.target.pid).map_err(|e| e.to_string())?;
-    if discover::euid() != 0 && !in_path("fusermount3") && !in_path("fusermount") {
-        return Err(
-            "mounting as a user needs fusermount3 (Debian package fuse3); \
-                    as root no helper is needed"
-                .into(),
-        );
+    let made = prepare_mount_point(&args.dir)?;
+    let result = serve_mount(&args, &socket, allow_group);
+    if made {
+        // Only if still empty: nothing of anyone else's is ever removed.
+        let _ = std::fs::remove_dir(&args.dir);
     }
+    result
+}
+
+fn serve_mount(args: &MountArgs, socket: &Path, allow_group: Option<u32>) -> Result<(), String> {
     let set = signal_set();
     // SAFETY: blocks signals in this thread only; threads spawned after inherit the mask.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
@@ -97,7 +173,7 @@ pub fn run(args: MountArgs) -> Result<(), String> {
         allow_group,
         ..MountOptions::default()
     };
-    let mount = Mount::spawn(&socket, &args.dir, &options).map_err(|e| e.to_string())?;
+    let mount = Mount::spawn(socket, &args.dir, &options).map_err(|e| e.to_string())?;
     eprintln!(
         "ustrace: pid {}'s tracefs is mounted on {} (Ctrl-C or `umount {}` to unmount)",
         args.target.pid,

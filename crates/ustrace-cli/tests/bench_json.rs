@@ -168,6 +168,16 @@ fn output_to_a_closed_pipe_ends_quietly() {
         .spawn()
         .expect("run ustrace bench");
     drop(child.stdout.take());
+    // Bounded: a bench that ignored the closed pipe must fail the test, not hang the suite.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while child.try_wait().expect("wait for ustrace bench").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("ustrace bench did not exit within 120 s after its stdout was closed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let out = child.wait_with_output().expect("wait for ustrace bench");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -2,6 +2,9 @@
 //! through a FUSE mount with plain `sh -c 'echo … > …'` and `cat`, a client of another uid,
 //! and kill -9 of the demo while mounted followed by a fresh demo and a fresh mount.
 
+mod common;
+
+use common::DefaultSignals;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -74,6 +77,7 @@ impl Demo {
             .env("USTRACE_SOCKET_DIR", scratch.sock())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
+            .default_signals()
             .spawn()
             .unwrap();
         // Ready when its socket appears (the demo's own wording may change).
@@ -174,6 +178,7 @@ fn the_cli_drives_the_served_demo() {
         .env("USTRACE_SOCKET_DIR", scratch.sock())
         .args(["pipe", "-p", p])
         .stdout(Stdio::piped())
+        .default_signals()
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(pipe.stdout.take().unwrap()).lines();
@@ -221,6 +226,7 @@ fn mount(scratch: &Scratch, pid: &str, dir: &Path) -> Child {
         .env("USTRACE_SOCKET_DIR", scratch.sock())
         .args(["mount", "-p", pid, dir.to_str().unwrap()])
         .stderr(Stdio::piped())
+        .default_signals()
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -304,6 +310,7 @@ fn the_mounted_demo_behaves_like_the_kernel_tracefs() {
     let mut cat = Command::new("cat")
         .arg(dir.join("trace_pipe"))
         .stdout(Stdio::piped())
+        .default_signals()
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(cat.stdout.take().unwrap()).lines();

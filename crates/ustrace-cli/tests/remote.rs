@@ -3,6 +3,9 @@
 //! depend on the workload), found through `USTRACE_SOCKET_DIR`; the test of a traced process
 //! that dies runs `ustrace demo --serve` as that process.
 
+mod common;
+
+use common::DefaultSignals;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -77,7 +80,7 @@ fn pid() -> String {
 #[test]
 fn ps_lists_this_process() {
     let s = serve();
-    let out = ok(&s, &["ps"]);
+    let out = ok(&s, &["ps", "--sockets"]);
     let line = out
         .lines()
         .find(|l| l.split_whitespace().next() == Some(&pid()))
@@ -166,6 +169,7 @@ fn pipe_streams_until_interrupted() {
     let mut child = ustrace(&s)
         .args(["pipe", "-p", &pid()])
         .stdout(Stdio::piped())
+        .default_signals()
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -229,6 +233,7 @@ fn mount_serves_the_shell_until_interrupted_and_recovers_from_kill() {
         let mut child = ustrace(&s)
             .args(["mount", "-p", &pid(), dir.to_str().unwrap()])
             .stderr(Stdio::piped())
+            .default_signals()
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -295,6 +300,7 @@ fn mount_goes_away_when_the_traced_process_dies() {
         .env("USTRACE_SOCKET_DIR", &child_dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        .default_signals()
         .spawn()
         .unwrap();
     let socket = child_dir.join(format!("{}.sock", traced.id()));
@@ -319,6 +325,7 @@ fn mount_goes_away_when_the_traced_process_dies() {
             dir.to_str().unwrap(),
         ])
         .stderr(Stdio::piped())
+        .default_signals()
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

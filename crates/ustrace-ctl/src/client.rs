@@ -319,6 +319,16 @@ impl Client {
         }
     }
 
+    /// Makes the following requests act for task `pid` (0: for this process again), so a
+    /// `trace_marker` write records that task as its writer. A server older than the request
+    /// answers `ENOSYS`: it records this process.
+    pub fn act_for(&mut self, pid: u32) -> Result<(), CtlError> {
+        match self.call(&Request::ActFor { pid })? {
+            Reply::Ok => Ok(()),
+            r => Err(unexpected(r)),
+        }
+    }
+
     pub(crate) fn raw_stream(&self) -> &UnixStream {
         &self.stream
     }

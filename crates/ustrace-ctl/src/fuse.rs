@@ -27,6 +27,9 @@
 //!   the mounting user, or with [`MountOptions::allow_group`] owned by that group with no
 //!   bits for others; `chmod`/`chown` are kept per inode, and the operations tracefs lacks
 //!   fail with the kernel's errnos (`EPERM`, `EACCES` for create);
+//! - root mounts with mount(2); a user mounts through the setuid `fusermount3`, which hands
+//!   back the open /dev/fuse (`_FUSE_COMMFD`), and unmounts through it too, as libfuse does;
+//!   when that fails the error names why (usually a /dev/fuse only root may open);
 //! - a mount whose server was killed leaves the directory answering `ENOTCONN`;
 //!   [`cleanup_stale`] detaches it (`umount2(MNT_DETACH)`), and [`Mount::spawn`] calls it first.
 
@@ -133,6 +136,8 @@ struct OpenRemote {
     nonblock: bool,
     cache: Vec<u8>,
     eof: bool,
+    /// The task the connection was last told it acts for (`Client::act_for`).
+    acting_for: Option<u32>,
 }
 
 struct Adapter {
@@ -575,6 +580,7 @@ impl Filesystem for Adapter {
                 nonblock: flags.nonblock,
                 cache: Vec::new(),
                 eof: false,
+                acting_for: None,
             })
         })();
         match opened {
@@ -635,7 +641,7 @@ impl Filesystem for Adapter {
     #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _offset: u64,
@@ -650,6 +656,14 @@ impl Filesystem for Adapter {
             Err(e) => return reply.error(e),
         };
         let mut f = lock(&file);
+        // The traced process records the task that wrote (trace_marker), not this mount.
+        let writer = req.pid();
+        if f.acting_for != Some(writer) {
+            // Refused by an older server (ENOSYS) or for a writer gone already (ESRCH): the
+            // write is still served, and not asked again for the same writer.
+            let _ = f.client.act_for(writer);
+            f.acting_for = Some(writer);
+        }
         let handle = f.handle;
         match f.client.write(handle, data) {
             Ok(n) => reply.written(n as u32),
@@ -784,6 +798,174 @@ fn detach(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// The setuid helper that mounts and unmounts FUSE for users (Debian package fuse3).
+const FUSERMOUNT: &str = "fusermount3";
+
+/// Unmounts `dir` lazily: with umount2 as root, else through the setuid helper, which lets a
+/// user unmount what they mounted (as libfuse does).
+fn unmount_lazily(dir: &Path) -> io::Result<()> {
+    match detach(dir) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            let out = std::process::Command::new(FUSERMOUNT)
+                .args(["-u", "-q", "-z", "--"])
+                .arg(dir)
+                .stdin(std::process::Stdio::null())
+                .output()?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!(
+                    "{FUSERMOUNT} -u failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )))
+            }
+        }
+        other => other,
+    }
+}
+
+/// Why this process cannot mount FUSE itself, if it cannot: opening /dev/fuse is the first
+/// step, and where an unprivileged user usually stops (a device only root may open).
+fn dev_fuse_refusal() -> Option<String> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "this user cannot open /dev/fuse ({})",
+            Errno(e.raw_os_error().unwrap_or(libc::EIO))
+        )),
+    }
+}
+
+/// Mounts through the setuid `fusermount3`, as libfuse does for users: it opens /dev/fuse,
+/// mounts on `dir`, and hands the open device back over a socket (`_FUSE_COMMFD`); the
+/// session then runs on that fd. `options` are the mount options, comma-separated.
+fn mount_with_helper(dir: &Path, options: &str) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let mut pair = [0i32; 2];
+    // SAFETY: pair points at two writable ints, as socketpair requires.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            pair.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: socketpair succeeded: both fds are open and owned by nobody else.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+    let their_fd = theirs.as_raw_fd();
+    let mut cmd = std::process::Command::new(FUSERMOUNT);
+    cmd.arg("-o")
+        .arg(options)
+        .arg("--")
+        .arg(dir)
+        .env("_FUSE_COMMFD", their_fd.to_string())
+        .env("_FUSE_COMMVERS", "2")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: runs in the child before exec; fcntl is async-signal-safe and the fd is open.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(their_fd, libc::F_SETFD, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot run {FUSERMOUNT} (Debian package fuse3): {e}"),
+        )
+    })?;
+    drop(theirs);
+    let received = receive_fd(&ours);
+    let out = child.wait_with_output()?;
+    match received {
+        Ok(fd) => Ok(fd),
+        Err(e) => {
+            let said = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+            Err(io::Error::other(if said.is_empty() {
+                format!("{FUSERMOUNT} {}: {e}", out.status)
+            } else if said.starts_with(FUSERMOUNT) {
+                said
+            } else {
+                format!("{FUSERMOUNT}: {said}")
+            }))
+        }
+    }
+}
+
+/// Receives the one fd `fusermount3` sends (SCM_RIGHTS) on `sock`.
+fn receive_fd(sock: &std::os::fd::OwnedFd) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut byte = 0u8;
+    let mut iov = libc::iovec {
+        iov_base: (&mut byte as *mut u8).cast(),
+        iov_len: 1,
+    };
+    // Room for one cmsghdr carrying one int, aligned as cmsghdr needs.
+    let mut space = [0u64; 8];
+    // SAFETY: msghdr is plain data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = space.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&space);
+    let n = loop {
+        // SAFETY: msg points at live buffers of the lengths it states.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            break n;
+        }
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: msg was filled by recvmsg; CMSG_FIRSTHDR/CMSG_DATA stay within msg_control.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if n == 0
+            || cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Err(io::Error::other("it sent no file descriptor"));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>());
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// The mount options in `fusermount3 -o` form.
+fn helper_options(options: &[MountOption], acl: SessionACL) -> String {
+    let mut out: Vec<String> = options
+        .iter()
+        .map(|o| match o {
+            MountOption::FSName(name) => format!("fsname={name}"),
+            MountOption::Subtype(sub) => format!("subtype={sub}"),
+            MountOption::DefaultPermissions => "default_permissions".into(),
+            MountOption::NoSuid => "nosuid".into(),
+            MountOption::NoDev => "nodev".into(),
+            MountOption::NoAtime => "noatime".into(),
+            other => format!("{other:?}").to_lowercase(),
+        })
+        .collect();
+    if acl == SessionACL::All {
+        out.push("allow_other".into());
+    }
+    out.join(",")
+}
+
 /// `/proc/mounts` writes space, tab, newline and backslash in paths as octal escapes.
 fn unescape_mount_path(field: &str) -> String {
     let mut out = Vec::new();
@@ -846,7 +1028,7 @@ pub fn cleanup_stale(dir: &Path) -> io::Result<bool> {
                     dir.display()
                 )));
             }
-            detach(&absolute).map_err(|e| {
+            unmount_lazily(&absolute).map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("cannot detach the stale mount at {}: {e}", dir.display()),
@@ -889,7 +1071,7 @@ impl Mount {
         let mut watch = Client::connect_path(socket).map_err(io::Error::other)?;
         watch.hello().map_err(io::Error::other)?;
         let stopping = Arc::new(AtomicBool::new(false));
-        let adapter = Adapter {
+        let adapter = || Adapter {
             socket: socket.to_owned(),
             pool: Mutex::new(Vec::new()),
             inodes: Mutex::new(Inodes::new()),
@@ -919,9 +1101,33 @@ impl Mount {
             config.acl = SessionACL::All;
         }
         config.n_threads = Some(2);
-        let session = fuser::spawn_mount(adapter, &dir, &config).map_err(|e| {
+        let failed = |e: io::Error| {
             io::Error::new(e.kind(), format!("cannot mount on {}: {e}", dir.display()))
-        })?;
+        };
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let session = if unsafe { libc::geteuid() } == 0 {
+            fuser::spawn_mount(adapter(), &dir, &config).map_err(failed)?
+        } else {
+            // mount(2) needs root, so a user mounts through the setuid helper, as libfuse
+            // does; when that fails too, the first cause is usually /dev/fuse itself.
+            let fd = mount_with_helper(&dir, &helper_options(&config.mount_options, config.acl))
+                .map_err(|helper| {
+                    failed(io::Error::other(match dev_fuse_refusal() {
+                        Some(device) => format!("{device}; {helper}"),
+                        None => helper.to_string(),
+                    }))
+                })?;
+            let acl = config.acl;
+            match fuser::Session::from_fd(adapter(), fd, acl, config)
+                .and_then(fuser::Session::spawn)
+            {
+                Ok(session) => session,
+                Err(e) => {
+                    let _ = unmount_lazily(&dir);
+                    return Err(failed(e));
+                }
+            }
+        };
         Ok(Mount {
             dir,
             session: Some(session),
@@ -964,7 +1170,7 @@ impl Mount {
             return;
         };
         if !session.guard.is_finished() {
-            let _ = detach(&self.dir);
+            let _ = unmount_lazily(&self.dir);
         }
         let guard = session.guard;
         // Files still open (a blocked `cat trace_pipe`) keep the session up until their

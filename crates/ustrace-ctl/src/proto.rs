@@ -83,6 +83,12 @@ pub enum Request {
     Rmdir {
         path: String,
     },
+    /// The requests that follow on this connection act for task `pid` (0: for the peer
+    /// itself, the default): what they record as their writer (`trace_marker`) is that task,
+    /// as the kernel records the task that wrote. A FUSE mount names the task of each write.
+    ActFor {
+        pid: u32,
+    },
 }
 
 /// What the server answers.
@@ -185,6 +191,7 @@ mod code {
     pub const WRITE_FILE: u8 = 0x08;
     pub const MKDIR: u8 = 0x09;
     pub const RMDIR: u8 = 0x0a;
+    pub const ACT_FOR: u8 = 0x0b;
 
     pub const R_HELLO: u8 = 0x81;
     pub const R_OK: u8 = 0x82;
@@ -419,6 +426,7 @@ impl Request {
                 .finish(),
             Request::Mkdir { path } => Writer::new(code::MKDIR).str(path).finish(),
             Request::Rmdir { path } => Writer::new(code::RMDIR).str(path).finish(),
+            Request::ActFor { pid } => Writer::new(code::ACT_FOR).u32(*pid).finish(),
         }
     }
 
@@ -460,6 +468,7 @@ impl Request {
             code::RMDIR => Request::Rmdir {
                 path: r.str("path", MAX_PATH)?,
             },
+            code::ACT_FOR => Request::ActFor { pid: r.u32("pid")? },
             other => return Err(DecodeError::UnknownCode { code: other }),
         };
         r.end()?;
@@ -676,6 +685,7 @@ mod tests {
                 }),
             arb_path().prop_map(|path| Request::Mkdir { path }),
             arb_path().prop_map(|path| Request::Rmdir { path }),
+            any::<u32>().prop_map(|pid| Request::ActFor { pid }),
         ]
     }
 

@@ -30,6 +30,7 @@
 use crate::discover;
 use crate::proto::{self, FrameError, Reply, Request};
 use crate::vfs::{Errno, FileSystem, OpenFile, OpenFlags};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -524,6 +525,35 @@ fn accept_loop(
     }
 }
 
+thread_local! {
+    /// See [`current_caller`]; 0 when this thread serves no request.
+    static CALLER: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The task the current thread is serving a control request for: the process at the other
+/// end of the connection (`SO_PEERCRED`), or the task it named with `ActFor` (a FUSE mount
+/// names the task behind each write). `None` outside a request (an in-process call), where
+/// the calling thread is itself the one acting. A `trace_marker` write records this task,
+/// as the kernel records the task that wrote.
+pub fn current_caller() -> Option<u32> {
+    CALLER.try_with(|c| c.get()).ok().filter(|&pid| pid != 0)
+}
+
+/// Sets [`current_caller`] for one request; the previous value comes back on drop.
+struct CallerScope(u32);
+
+impl CallerScope {
+    fn enter(pid: u32) -> CallerScope {
+        CallerScope(CALLER.with(|c| c.replace(pid)))
+    }
+}
+
+impl Drop for CallerScope {
+    fn drop(&mut self) {
+        CALLER.with(|c| c.set(self.0));
+    }
+}
+
 /// The uid and pid of the process at the other end.
 fn peer_credentials(stream: &UnixStream) -> io::Result<(u32, i32)> {
     let mut cred = libc::ucred {
@@ -600,7 +630,7 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
                 }
             }
             let _slot = Slot(&worker, id);
-            Connection::new(&worker, stream).run();
+            Connection::new(&worker, stream, pid).run();
         });
     if let Err(e) = spawned {
         lock(&shared.conns).remove(&id);
@@ -624,7 +654,8 @@ pub fn serve_connection(fs: Arc<dyn FileSystem>, stream: UnixStream) {
         next_conn: AtomicU64::new(0),
         conns: Mutex::new(HashMap::new()),
     };
-    Connection::new(&shared, stream).run();
+    let peer = peer_credentials(&stream).map_or(0, |(_, pid)| pid);
+    Connection::new(&shared, stream, peer).run();
 }
 
 /// `"/a//./b/"` -> `"a/b"`; `..` is an error, so no request can name a path outside the tree
@@ -679,6 +710,9 @@ struct Connection<'a> {
     handles: HashMap<u64, Box<dyn OpenFile>>,
     next_handle: u64,
     scratch: Vec<u8>,
+    /// The peer's pid (SO_PEERCRED, at connect), and the task it said it acts for.
+    peer: i32,
+    act_for: Option<u32>,
 }
 
 /// What to do after a request.
@@ -695,13 +729,15 @@ fn fail(errno: Errno, message: String) -> Next {
 }
 
 impl<'a> Connection<'a> {
-    fn new(shared: &'a Shared, stream: UnixStream) -> Connection<'a> {
+    fn new(shared: &'a Shared, stream: UnixStream, peer: i32) -> Connection<'a> {
         Connection {
             shared,
             stream,
             handles: HashMap::new(),
             next_handle: 1,
             scratch: Vec::new(),
+            peer,
+            act_for: None,
         }
     }
 
@@ -763,7 +799,13 @@ impl<'a> Connection<'a> {
                 Err(FrameError::Closed | FrameError::Io(_)) => return,
             };
             let next = match Request::decode(&body) {
-                Ok(req) => self.handle(req),
+                Ok(req) => {
+                    let caller = self
+                        .act_for
+                        .unwrap_or(u32::try_from(self.peer).unwrap_or(0));
+                    let _caller = CallerScope::enter(caller);
+                    self.handle(req)
+                }
                 Err(e) => Next::Reply(Reply::error(e.errno(), e.to_string())),
             };
             match next {
@@ -864,6 +906,19 @@ impl<'a> Connection<'a> {
                     Err(e) => errno_reply(&path, e),
                 },
             },
+            Request::ActFor { pid: 0 } => {
+                self.act_for = None;
+                Next::Reply(Reply::Ok)
+            }
+            // A thread id is no entry of /proc's listing, but /proc/TID resolves.
+            Request::ActFor { pid } if Path::new(&format!("/proc/{pid}")).exists() => {
+                self.act_for = Some(pid);
+                Next::Reply(Reply::Ok)
+            }
+            Request::ActFor { pid } => fail(
+                Errno(libc::ESRCH),
+                format!("no task with pid {pid} to act for"),
+            ),
         }
     }
 

@@ -5,6 +5,12 @@
 //! longer than one event can hold is cut, and the shorter count returned makes `echo` write
 //! the rest as further events. The file cannot be read: a read fails with `EINVAL`, as the
 //! kernel's (its `trace_marker` has no read operation).
+//!
+//! The kernel records the task that wrote. A write that comes in over the control socket
+//! (`ustrace write`, or a shell's `echo` through the FUSE mount) runs on a server thread, so
+//! the record names the task the server says it serves (`ustrace_ctl::server::current_caller`:
+//! the socket's peer, or the task behind the FUSE write) and saves its name for
+//! `saved_cmdlines`, instead of the server thread's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,8 +40,21 @@ pub fn write(instance: &Instance, data: &[u8]) -> Result<usize, Errno> {
         return Err(Errno::ENODEV);
     };
     let ip = write as fn(&Instance, &[u8]) -> Result<usize, Errno> as usize as u64;
+    let writer = ustrace_ctl::server::current_caller().and_then(|pid| i32::try_from(pid).ok());
+    if let Some(pid) = writer {
+        if instance.options.get("record-cmd") {
+            // A task already gone keeps no name: its lines show `<...>`, as on the kernel.
+            if let Some(comm) = comm_of(pid) {
+                crate::thread::save_comm(pid, &comm);
+            }
+        }
+    }
     // A full buffer drops the event and counts it, as the kernel's would.
     file.record_always(len, |record| {
+        if let Some(pid) = writer {
+            // common_pid, after the type (u16), flags and preempt count (u8 each).
+            record[4..8].copy_from_slice(&pid.to_ne_bytes());
+        }
         record[8..16].copy_from_slice(&ip.to_ne_bytes());
         record[16..16 + text.len()].copy_from_slice(text);
         let mut end = 16 + text.len();
@@ -71,4 +90,11 @@ impl OpenFile for MarkerFile {
     fn is_stream(&self) -> bool {
         false
     }
+}
+
+/// The name of task `pid` (a process or a thread), as `/proc` shows it.
+fn comm_of(pid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|c| c.trim_end_matches('\n').to_owned())
 }
