@@ -37,6 +37,7 @@ impl CpuMask {
         self.allows(ustrace_ringbuf::cpu::current_cpu())
     }
 
+    /// Whether events recorded on `cpu` are kept.
     #[inline]
     pub fn allows(&self, cpu: usize) -> bool {
         match self.words.get(cpu / 64) {

@@ -73,6 +73,7 @@ pub struct MarkerFile {
 }
 
 impl MarkerFile {
+    /// The file as opened in `instance`.
     pub fn new(instance: Arc<Instance>) -> MarkerFile {
         MarkerFile { instance }
     }

@@ -34,11 +34,16 @@ use crate::tracefs::TraceFs;
 /// One command of a setup file.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command<'a> {
+    /// `PATH VALUE` (`echo VALUE > PATH`) or `PATH >> VALUE` (`echo VALUE >> PATH`).
     Write {
+        /// The tracefs path, relative to its root.
         path: &'a str,
+        /// What is written (a newline is added, as `echo` adds one).
         value: &'a str,
+        /// Whether the file is opened for appending rather than truncated.
         append: bool,
     },
+    /// `mkdir PATH`: makes an instance.
     Mkdir(&'a str),
 }
 

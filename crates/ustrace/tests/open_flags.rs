@@ -22,7 +22,7 @@ fn truncate_without_write_clears_nothing_and_truncate_with_write_clears() {
     );
 
     // O_WRONLY|O_TRUNC (OpenFlags::TRUNCATE, the shell's `>`): cleared.
-    assert!(OpenFlags::TRUNCATE.write);
+    const { assert!(OpenFlags::TRUNCATE.write) };
     drop(fs.open(trace, OpenFlags::TRUNCATE).unwrap());
     assert!(!fs.read_to_string(trace).unwrap().contains("kept"));
 
