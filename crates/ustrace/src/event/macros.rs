@@ -22,7 +22,8 @@
 /// type (any [`FieldValue`](crate::event::FieldValue): integers, `bool`, `&str`, `&[u8]`,
 /// `[T; N]`, [`FixedStr<N>`](crate::event::FixedStr), `*const c_char`) and the expression,
 /// over the tracepoint's arguments, that gives its value; expressions are evaluated only
-/// while the event is recording. `print` is a printf format and the fields it prints.
+/// while the event is recording. `print` is a printf format and the fields it prints (an
+/// element of an array field as `name[i]`, as the kernel's `REC->name[i]`).
 #[macro_export]
 macro_rules! trace_event {
     (
@@ -30,7 +31,7 @@ macro_rules! trace_event {
         $vis:vis fn $system:ident :: $name:ident ( $($arg:ident : $aty:ty),* $(,)? ) {
             $( $field:ident : $fty:ty = $value:expr ),* $(,)?
         }
-        print $fmt:literal $(, $parg:ident)* $(,)?;
+        print $fmt:literal $(, $parg:ident $([$idx:literal])?)* $(,)?;
     ) => {
         $(#[$meta])*
         #[allow(non_snake_case, dead_code)]
@@ -98,7 +99,7 @@ macro_rules! trace_event {
                 name: stringify!($name),
                 layout: __layout,
                 format: $fmt,
-                print_args: &[$(stringify!($parg)),*],
+                print_args: &[$(concat!(stringify!($parg) $(, "[", stringify!($idx), "]")?)),*],
                 attach: __attach,
                 detach: __detach,
             };
