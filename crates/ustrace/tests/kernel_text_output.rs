@@ -246,8 +246,37 @@ struct Side {
 }
 
 impl Side {
-    /// `type: N` with N this side's id of an event, as `type: <name>`.
+    /// `type: N` with N this side's id of an event, as `type: <name>`; and in a marker line,
+    /// the writer's offset, size and address, which `sym-offset` and `sym-addr` add (the
+    /// kernel's function that wrote it, or ours), set aside after checking their format.
     fn type_name(&self, text: &str) -> Result<String, String> {
+        if let Some(rest) = text.strip_prefix("tracing_mark_write") {
+            let bad = || format!("{}: marker writer in {text:?}", self.name);
+            let (writer, msg) = rest.split_once(": ").ok_or_else(bad)?;
+            let hex = |s: &str| s.strip_prefix("0x").is_some_and(|h| all_digits(h, 16));
+            let (sym, addr) = match writer.split_once(" <") {
+                Some((sym, addr)) => (sym, Some(addr)),
+                None => (writer, None),
+            };
+            let mut out = String::from("tracing_mark_write");
+            if let Some(off) = sym.strip_prefix('+') {
+                let (o, size) = off.split_once('/').ok_or_else(bad)?;
+                if !hex(o) || !hex(size) {
+                    return Err(bad());
+                }
+                out.push_str("+OFF/SIZE");
+            } else if !sym.is_empty() {
+                return Err(bad());
+            }
+            if let Some(addr) = addr {
+                let a = addr.strip_suffix('>').ok_or_else(bad)?;
+                if a.len() != 16 || !all_digits(a, 16) {
+                    return Err(bad());
+                }
+                out.push_str(" <ADDR>");
+            }
+            return Ok(format!("{out}: {msg}"));
+        }
         let Some(n) = text.strip_prefix("type: ") else {
             return Ok(text.to_string());
         };
@@ -673,6 +702,9 @@ fn trace_and_trace_pipe_read_as_the_kernels() {
         ),
         (&[("fields", "1")], Layout::Default),
         (&[("verbose", "1")], Layout::Default),
+        (&[("sym-offset", "1")], Layout::Default),
+        (&[("sym-addr", "1")], Layout::Default),
+        (&[("sym-offset", "1"), ("sym-addr", "1")], Layout::Default),
         (&[("latency-format", "1")], Layout::Latency),
         (
             &[("latency-format", "1"), ("verbose", "1")],
@@ -735,6 +767,24 @@ fn normalising_keeps_what_must_match() {
         "25294 CPU TS type: <sys_enter>"
     );
     assert!(normalise("25294 1 1792461437123 type: 444", Layout::Raw, &side).is_err());
+    let marker = |text: &str| side.type_name(text);
+    assert_eq!(
+        marker("tracing_mark_write+0x8a/0x170 <ffffffff8149895a>: hi"),
+        marker("tracing_mark_write+0x0/0x2f0 <000055b0484d2aa0>: hi")
+    );
+    for other in [
+        "tracing_mark_write+0x0/0x2f0: hi",
+        "tracing_mark_write <000055b0484d2aa0>: hi",
+        "tracing_mark_write+0x0/0x2f0 <000055b0484d2aa0>: ho",
+    ] {
+        assert_ne!(
+            marker("tracing_mark_write+0x8a/0x170 <ffffffff8149895a>: hi"),
+            marker(other),
+            "{other}"
+        );
+    }
+    assert!(marker("tracing_mark_write+0x8g/0x170: hi").is_err());
+    assert!(marker("tracing_mark_write <55b0484d2aa0>: hi").is_err());
     assert_eq!(
         normalise("# ffffffff8149895a hi", Layout::RawNoContext, &side).unwrap(),
         "# IP hi"

@@ -509,6 +509,9 @@ fn format_entry(
         }
         Some(ev) => {
             out.push_str(ev.class.output_name());
+            if id == MARKER_ID {
+                marker_writer(instance, record, out);
+            }
             out.push_str(": ");
             let start = out.len();
             let symbols = ProcessSymbols {
@@ -524,6 +527,23 @@ fn format_entry(
         None => {
             let _ = writeln!(out, "Unknown type {}", id.0);
         }
+    }
+}
+
+/// What `sym-offset` and `sym-addr` add to a marker line's `tracing_mark_write`, as the
+/// kernel adds them to the function that wrote the entry (its `ip`): here that is the
+/// function that wrote the marker into the buffer, its offset and size from the process's
+/// symbols (left out if they have none for it), and its address.
+fn marker_writer(instance: &Instance, record: &[u8], out: &mut String) {
+    let ip = read_int(record, 8, 8, false);
+    if instance.options.get("sym-offset") {
+        let inventory = ustrace_inspect::symbols::inventory();
+        if let Some((symbol, offset)) = inventory.lookup(ip as usize) {
+            let _ = write!(out, "+0x{offset:x}/0x{:x}", symbol.size);
+        }
+    }
+    if instance.options.get("sym-addr") {
+        let _ = write!(out, " <{ip:016x}>");
     }
 }
 
