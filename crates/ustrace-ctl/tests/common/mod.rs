@@ -13,9 +13,6 @@ use std::sync::{Arc, Mutex};
 use ustrace_ctl::memfs::MemFs;
 use ustrace_ctl::server::{self, ServerConfig, ServerHandle};
 
-/// The env var that tells a re-run test binary which child role to play.
-pub const CHILD_ENV: &str = "USTRACE_CTL_TEST_CHILD";
-
 /// A fresh private directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
 
