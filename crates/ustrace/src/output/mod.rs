@@ -196,9 +196,9 @@ fn kernel_release() -> String {
 
 /// The `M:` of the latency header: the kernel's preemption model as the kernel names it.
 /// A kernel built with dynamic preemption prints `PREEMPT(mode)`; the mode is learned from
-/// debugfs (the current one, in brackets), else a `preempt=` boot parameter, else the
-/// kernel log's last `Dynamic Preempt: mode` line (printed at boot and at each change; the
-/// log is readable by root). A kernel without it names its model in its version string
+/// debugfs (the current one, in brackets), else the kernel log's last `Dynamic Preempt:
+/// mode` line (printed at boot and at each change; the log is readable by root), else a
+/// `preempt=` boot parameter. A kernel without it names its model in its version string
 /// (`PREEMPT_RT`, `PREEMPT`). Otherwise `unknown`: user space cannot tell more.
 fn preemption_model() -> String {
     static MODEL: OnceLock<String> = OnceLock::new();
@@ -218,7 +218,8 @@ fn preemption_model() -> String {
                     line.split_whitespace()
                         .find_map(|w| w.strip_prefix("preempt=").map(str::to_owned))
                 });
-            if let Some(mode) = boot_param.or_else(logged_preempt_mode) {
+            // The log's line is the later word when the mode was changed after boot.
+            if let Some(mode) = logged_preempt_mode().or(boot_param) {
                 return format!("PREEMPT({mode})");
             }
             let version = kernel_version();
