@@ -3,15 +3,12 @@
 
 mod common;
 
-use common::{serve_sample, sigkill, spawn_child, TempDir, CHILD_ENV};
+use common::{serve_sample, sigkill, spawn_sample_server, TempDir};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ustrace_ctl::fuse::{self, Mount, MountOptions};
-use ustrace_ctl::memfs::MemFs;
-use ustrace_ctl::server::{self, ServerConfig};
 
 fn fuse_usable() -> bool {
     if !Path::new("/dev/fuse").exists() {
@@ -46,37 +43,6 @@ fn mount_line(dir: &Path) -> Option<String> {
         .lines()
         .find(|l| l.split(' ').nth(1) == Some(dir))
         .map(str::to_owned)
-}
-
-/// Not a test of its own: the body of the child processes the tests below spawn.
-#[test]
-fn child_main() {
-    let Ok(role) = std::env::var(CHILD_ENV) else {
-        return;
-    };
-    let mut parts = role.splitn(3, ':');
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some("serve"), Some(dir), None) => {
-            let config = ServerConfig {
-                socket_dir: Some(dir.into()),
-                ..Default::default()
-            };
-            let _h = server::serve_with(Arc::new(MemFs::sample()), config).unwrap();
-            println!("ready");
-            loop {
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        }
-        (Some("mount"), Some(socket), Some(dir)) => {
-            let _m =
-                Mount::spawn(Path::new(socket), Path::new(dir), &MountOptions::default()).unwrap();
-            println!("ready");
-            loop {
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        }
-        other => panic!("unknown child role {other:?}"),
-    }
 }
 
 fn mount_dir(tmp: &TempDir) -> PathBuf {
@@ -236,12 +202,11 @@ fn a_killed_mount_server_is_cleaned_up_by_the_next_mount() {
     let s = serve_sample();
     let tmp = TempDir::new("stale");
     let dir = mount_dir(&tmp);
-    let role = format!(
-        "mount:{}:{}",
-        s.handle.socket_path().display(),
-        dir.display()
-    );
-    let mut child = spawn_child("child_main", &role);
+    let mut child = spawn_sample_server(&[
+        "mount".as_ref(),
+        s.handle.socket_path().as_os_str(),
+        dir.as_os_str(),
+    ]);
     assert_eq!(sh_ok(&format!("cat {}/tracing_on", dir.display())), "1\n");
     sigkill(&mut child);
     let err = std::fs::metadata(&dir).unwrap_err();
@@ -266,7 +231,7 @@ fn the_mount_notices_when_the_traced_process_is_killed() {
     }
     let tmp = TempDir::new("gone");
     let sock_dir = tmp.path().join("sock");
-    let mut child = spawn_child("child_main", &format!("serve:{}", sock_dir.display()));
+    let mut child = spawn_sample_server(&["serve".as_ref(), sock_dir.as_os_str()]);
     let socket = sock_dir.join(format!("{}.sock", child.id()));
     let dir = mount_dir(&tmp);
     let m = Mount::spawn(&socket, &dir, &MountOptions::default()).unwrap();
@@ -316,4 +281,21 @@ fn unmounting_ends_a_blocked_reader_cleanly() {
         "unmount waited {elapsed:?}"
     );
     assert!(mount_line(&dir).is_none());
+}
+
+/// The harness lists only tests: the processes these tests need run the sample server
+/// binary, not this one in a hidden role that would count as a test that checks nothing.
+#[test]
+fn every_listed_test_is_a_test() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--list", "--format", "terse"])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        list.contains("a_killed_mount_server_is_cleaned_up_by_the_next_mount: test"),
+        "{list}"
+    );
+    let roles: Vec<_> = list.lines().filter(|l| l.contains("child")).collect();
+    assert!(roles.is_empty(), "child roles listed as tests: {roles:?}");
 }

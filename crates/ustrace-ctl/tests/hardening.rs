@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::{serve_sample, TempDir, CHILD_ENV};
+use common::{serve_sample, TempDir};
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -19,54 +20,8 @@ use ustrace_ctl::proto::Reply;
 use ustrace_ctl::server::{self, ServerConfig};
 use ustrace_ctl::vfs::Errno;
 
-/// Not a test of its own: the body of the child processes the tests below spawn.
-#[test]
-fn child_main() {
-    let Ok(role) = std::env::var(CHILD_ENV) else {
-        return;
-    };
-    let (what, arg) = role.split_once(':').unwrap_or((&role, ""));
-    match what {
-        // Serves, then uses up every file descriptor until told to give them back.
-        "emfile" => {
-            let config = ServerConfig {
-                socket_dir: Some(arg.into()),
-                ..ServerConfig::default()
-            };
-            let h = server::serve_with(Arc::new(MemFs::sample()), config).unwrap();
-            let limit = libc::rlimit {
-                rlim_cur: 64,
-                rlim_max: 64,
-            };
-            // SAFETY: setrlimit with a valid struct.
-            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
-            let mut hog = Vec::new();
-            loop {
-                match std::fs::File::open("/dev/null") {
-                    Ok(f) => hog.push(f),
-                    Err(e) => {
-                        assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
-                        break;
-                    }
-                }
-            }
-            println!("ready {}", h.socket_path().display());
-            let mut line = String::new();
-            let _ = std::io::stdin().read_line(&mut line);
-            drop(hog);
-            println!("released");
-            let _ = std::io::stdin().read_line(&mut line);
-        }
-        // Serves from the default directory (no XDG_RUNTIME_DIR, no USTRACE_SOCKET_DIR).
-        "default" => {
-            let h = server::serve(Arc::new(MemFs::sample())).unwrap();
-            println!("ready {}", h.socket_path().display());
-            let mut line = String::new();
-            let _ = std::io::stdin().read_line(&mut line);
-        }
-        other => panic!("unknown child role {other:?}"),
-    }
-}
+/// The process these tests start when a server must live in a process of its own.
+const SAMPLE_SERVER: &str = env!("CARGO_BIN_EXE_ustrace-ctl-sample-server");
 
 struct Kid {
     child: Child,
@@ -75,12 +30,11 @@ struct Kid {
 }
 
 impl Kid {
-    fn spawn(role: &str, setup: impl FnOnce(&mut Command)) -> (Kid, String) {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, role)
-            .stdout(Stdio::piped())
-            .stdin(Stdio::piped());
+    /// Starts the sample server binary with `args` (one of its roles that print
+    /// `ready SOCKET`); returns it and the socket.
+    fn spawn(args: &[&OsStr], setup: impl FnOnce(&mut Command)) -> (Kid, String) {
+        let mut cmd = Command::new(SAMPLE_SERVER);
+        cmd.args(args).stdout(Stdio::piped()).stdin(Stdio::piped());
         setup(&mut cmd);
         let mut child = cmd.spawn().unwrap();
         let stdin = child.stdin.take();
@@ -131,7 +85,7 @@ impl Drop for Kid {
 fn a_server_out_of_file_descriptors_answers_with_an_error() {
     let dir = TempDir::new("emfile");
     let sock_dir = dir.path().join("u");
-    let (mut kid, socket) = Kid::spawn(&format!("emfile:{}", sock_dir.display()), |_| {});
+    let (mut kid, socket) = Kid::spawn(&["emfile".as_ref(), sock_dir.as_os_str()], |_| {});
     let socket = PathBuf::from(socket);
     for attempt in 0..2 {
         let mut c = Client::connect_path(&socket).unwrap();
@@ -351,7 +305,7 @@ fn another_user_cannot_stop_a_server_by_taking_its_directory() {
     }
     let _taken = Remove(taken.clone());
     // A socket planted there must not be taken for the server's.
-    let exe = std::env::current_exe().unwrap();
+    let exe = Path::new(SAMPLE_SERVER);
     let exe_ok = exe
         .ancestors()
         .all(|p| std::fs::metadata(p).is_ok_and(|m| m.mode() & 0o001 != 0));
@@ -359,7 +313,7 @@ fn another_user_cannot_stop_a_server_by_taking_its_directory() {
         eprintln!("skipped: uid 65534 cannot reach {}", exe.display());
         return;
     }
-    let (kid, socket) = Kid::spawn("default", as_nobody);
+    let (kid, socket) = Kid::spawn(&["default".as_ref()], as_nobody);
     let socket = PathBuf::from(socket);
     let dir = socket.parent().unwrap().to_owned();
     let _fallback = Remove(dir.clone());
@@ -429,4 +383,21 @@ fn a_server_that_never_answers_is_reported_as_such() {
             .contains("no reply from the traced process within"),
         "{err}"
     );
+}
+
+/// The harness lists only tests: the processes these tests need run the sample server
+/// binary, not this one in a hidden role that would count as a test that checks nothing.
+#[test]
+fn every_listed_test_is_a_test() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--list", "--format", "terse"])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        list.contains("a_server_out_of_file_descriptors_answers_with_an_error: test"),
+        "{list}"
+    );
+    let roles: Vec<_> = list.lines().filter(|l| l.contains("child")).collect();
+    assert!(roles.is_empty(), "child roles listed as tests: {roles:?}");
 }

@@ -21,18 +21,19 @@ const HELP: &str = "\
 # echo 2 > snapshot : clears the snapshot buffer (any number but 0 and 1 does)
 ";
 
-fn render(instance: &Instance) -> String {
+fn render(instance: &Instance) -> Vec<u8> {
     let guard = instance
         .shared
         .snapshot
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     let Some(snapshot) = guard.as_ref() else {
-        return format!("{NOT_ALLOCATED}{HELP}");
+        return format!("{NOT_ALLOCATED}{HELP}").into_bytes();
     };
     let mut out = crate::output::header_for(instance, snapshot);
     out.push_str("#\n# * Snapshot is allocated *\n#\n");
     out.push_str(HELP);
+    let mut out = out.into_bytes();
     for event in snapshot.iter() {
         crate::output::format_event(instance, &event, &mut out);
     }
@@ -101,7 +102,7 @@ pub fn open(instance: Arc<Instance>, flags: OpenFlags) -> Result<Box<dyn OpenFil
     let content = if flags.read {
         render(&instance)
     } else {
-        String::new()
+        Vec::new()
     };
     Ok(Box::new(TextFile::new(
         content,

@@ -487,7 +487,9 @@ fn stacktrace_and_userstacktrace_follow_each_event() {
         assert!(u.starts_with(" =>  <"), "{u}");
     }
     let tail = &rest[1 + user.len()..];
-    assert!(tail[0].starts_with("tracing_mark_write: m"), "{text}");
+    // With sym-addr the marker names its writer's address too, as the kernel's does.
+    assert!(tail[0].starts_with("tracing_mark_write <"), "{text}");
+    assert!(tail[0].ends_with(">: m"), "{text}");
     assert!(tail[1].starts_with("sample: n=3 "), "{text}");
     assert_eq!(tail.len(), 2, "{text}");
     // The kernel's layouts (copied from its format files), so libtraceevent and trace-cmd

@@ -1,9 +1,10 @@
 //! Helpers shared by the control-socket and FUSE tests: private socket directories, an
-//! in-memory tracefs served with a captured log, and child processes (this same test binary
-//! re-run in a "child" role) for the cases that need a process to die.
+//! in-memory tracefs served with a captured log, and the sample server binary run as a
+//! child process for the cases that need a process to die.
 
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -11,9 +12,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use ustrace_ctl::memfs::MemFs;
 use ustrace_ctl::server::{self, ServerConfig, ServerHandle};
-
-/// The env var that tells a re-run test binary which child role to play.
-pub const CHILD_ENV: &str = "USTRACE_CTL_TEST_CHILD";
 
 /// A fresh private directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
@@ -68,24 +66,19 @@ pub fn serve_sample() -> Served {
     }
 }
 
-/// Re-runs this test binary as a child playing `role` (see each test file's `child_main`),
-/// and waits for it to print `ready`.
-pub fn spawn_child(test_name: &str, role: &str) -> Child {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, role)
+/// Starts the sample server binary (`ustrace-ctl-sample-server`) with `args` (its module
+/// comment lists the roles) and waits for it to print `ready`.
+pub fn spawn_sample_server(args: &[&OsStr]) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ustrace-ctl-sample-server"))
+        .args(args)
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .spawn()
-        .unwrap();
+        .expect("start ustrace-ctl-sample-server");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    loop {
-        match lines.next() {
-            // libtest prints "test NAME ... " first, on the same line.
-            Some(Ok(line)) if line.trim_end().ends_with("ready") => break,
-            Some(Ok(_)) => continue,
-            _ => panic!("child {role} exited before it was ready"),
-        }
+    match lines.next() {
+        Some(Ok(line)) if line == "ready" => {}
+        other => panic!("sample server {args:?} exited before it was ready: {other:?}"),
     }
     // Keep draining stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});

@@ -43,7 +43,8 @@
 /// type (any [`FieldValue`](crate::event::FieldValue): integers, `bool`, `&str`, `&[u8]`,
 /// `[T; N]`, [`FixedStr<N>`](crate::event::FixedStr), `*const c_char`) and the expression,
 /// over the tracepoint's arguments, that gives its value; expressions are evaluated only
-/// while the event is recording. `print` is a printf format and the fields it prints.
+/// while the event is recording. `print` is a printf format and the fields it prints (an
+/// element of an array field as `name[i]`, as the kernel's `REC->name[i]`).
 ///
 /// # What a call site costs while the event is off
 ///
@@ -104,7 +105,7 @@ macro_rules! trace_event {
         $vis:vis fn $system:ident :: $name:ident ( $($arg:ident : $aty:ty),* $(,)? ) {
             $( $field:ident : $fty:ty = $value:expr ),* $(,)?
         }
-        print $fmt:literal $(, $parg:ident)* $(,)?;
+        print $fmt:literal $(, $parg:ident $([$idx:literal])?)* $(,)?;
     ) => {
         $(#[$meta])*
         #[allow(non_snake_case, dead_code)]
@@ -173,7 +174,7 @@ macro_rules! trace_event {
                 module_path: module_path!(),
                 layout: __layout,
                 format: $fmt,
-                print_args: &[$(stringify!($parg)),*],
+                print_args: &[$(concat!(stringify!($parg) $(, "[", stringify!($idx), "]")?)),*],
                 attach: __attach,
                 detach: __detach,
             };
@@ -188,7 +189,7 @@ macro_rules! trace_event {
         $vis:vis fn $system:ident :: $name:ident ( $($arg:ident : $aty:ty),* $(,)? ) as $module:ident {
             $( $field:ident : $fty:ty = $value:expr ),* $(,)?
         }
-        print $fmt:literal $(, $parg:ident)* $(,)?;
+        print $fmt:literal $(, $parg:ident $([$idx:literal])?)* $(,)?;
     ) => {
         $crate::trace_event! {
             @event $module
@@ -196,7 +197,7 @@ macro_rules! trace_event {
             $vis fn $system :: $name ( $($arg : $aty),* ) {
                 $( $field : $fty = $value ),*
             }
-            print $fmt $(, $parg)*;
+            print $fmt $(, $parg $([$idx])?)*;
         }
     };
     (
@@ -204,7 +205,7 @@ macro_rules! trace_event {
         $vis:vis fn $system:ident :: $name:ident ( $($arg:ident : $aty:ty),* $(,)? ) {
             $( $field:ident : $fty:ty = $value:expr ),* $(,)?
         }
-        print $fmt:literal $(, $parg:ident)* $(,)?;
+        print $fmt:literal $(, $parg:ident $([$idx:literal])?)* $(,)?;
     ) => {
         $crate::trace_event! {
             @event $name
@@ -212,7 +213,7 @@ macro_rules! trace_event {
             $vis fn $system :: $name ( $($arg : $aty),* ) {
                 $( $field : $fty = $value ),*
             }
-            print $fmt $(, $parg)*;
+            print $fmt $(, $parg $([$idx])?)*;
         }
     };
 }

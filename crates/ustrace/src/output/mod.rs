@@ -195,10 +195,12 @@ fn kernel_release() -> String {
     release.to_string_lossy().into_owned()
 }
 
-/// The `M:` of the latency header: the kernel's preemption model, `PREEMPT(mode)` as a
-/// kernel built with dynamic preemption prints it, when the mode can be learned from user
-/// space (debugfs shows the current one in brackets; else a `preempt=` boot parameter);
-/// otherwise `unknown`, the word kernels without a model name of their own print there.
+/// The `M:` of the latency header: the kernel's preemption model as the kernel names it.
+/// A kernel built with dynamic preemption prints `PREEMPT(mode)`; the mode is learned from
+/// debugfs (the current one, in brackets), else the kernel log's last `Dynamic Preempt:
+/// mode` line (printed at boot and at each change; the log is readable by root), else a
+/// `preempt=` boot parameter. A kernel without it names its model in its version string
+/// (`PREEMPT_RT`, `PREEMPT`). Otherwise `unknown`: user space cannot tell more.
 fn preemption_model() -> String {
     static MODEL: OnceLock<String> = OnceLock::new();
     MODEL
@@ -211,15 +213,75 @@ fn preemption_model() -> String {
                     return format!("PREEMPT({current})");
                 }
             }
-            std::fs::read_to_string("/proc/cmdline")
+            let boot_param = std::fs::read_to_string("/proc/cmdline")
                 .ok()
                 .and_then(|line| {
                     line.split_whitespace()
                         .find_map(|w| w.strip_prefix("preempt=").map(str::to_owned))
-                })
-                .map_or_else(|| "unknown".to_string(), |m| format!("PREEMPT({m})"))
+                });
+            // The log's line is the later word when the mode was changed after boot.
+            if let Some(mode) = logged_preempt_mode().or(boot_param) {
+                return format!("PREEMPT({mode})");
+            }
+            let version = kernel_version();
+            let flags: Vec<&str> = version.split_whitespace().collect();
+            if flags.contains(&"PREEMPT_RT") {
+                "PREEMPT_RT".into()
+            } else if flags.contains(&"PREEMPT") {
+                "PREEMPT".into()
+            } else {
+                "unknown".into()
+            }
         })
         .clone()
+}
+
+/// The mode of the kernel log's last `Dynamic Preempt: mode` line, if the log (`/dev/kmsg`,
+/// root only) still holds one.
+fn logged_preempt_mode() -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut log = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/kmsg")
+        .ok()?;
+    let mut mode = None;
+    // Each read gives one record, `prefix;message`; a buffer too small for it fails.
+    let mut record = vec![0u8; 8192];
+    loop {
+        match log.read(&mut record) {
+            Ok(0) => break,
+            Ok(n) => {
+                let text = String::from_utf8_lossy(&record[..n]);
+                let message = text.split_once(';').map_or("", |(_, m)| m);
+                if let Some(m) = message
+                    .lines()
+                    .next()
+                    .and_then(|l| l.strip_prefix("Dynamic Preempt: "))
+                {
+                    mode = Some(m.trim().to_string());
+                }
+            }
+            // Records were overwritten under the reader: it goes on at the oldest kept.
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+            Err(_) => break,
+        }
+    }
+    mode
+}
+
+/// The running kernel's version string (`uname -v`), which names its build flags.
+fn kernel_version() -> String {
+    // SAFETY: utsname is plain data; uname fills it or fails.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `uts` is a valid, writable utsname.
+    if unsafe { libc::uname(&mut uts) } != 0 {
+        return String::new();
+    }
+    // SAFETY: uname NUL-terminates the field.
+    let version = unsafe { std::ffi::CStr::from_ptr(uts.version.as_ptr()) };
+    version.to_string_lossy().into_owned()
 }
 
 /// The number of CPUs the kernel would print as `#P:`.
@@ -241,6 +303,8 @@ pub struct Cursor {
     started: Vec<bool>,
     /// The buffer's `time_start`: latency timestamps count from it.
     time_start: u64,
+    /// The text of the entry being printed, reused from one entry to the next.
+    scratch: String,
 }
 
 impl Cursor {
@@ -251,6 +315,7 @@ impl Cursor {
             annotate: false,
             started: Vec::new(),
             time_start: instance.time_start(),
+            scratch: String::new(),
         }
     }
 
@@ -264,17 +329,19 @@ impl Cursor {
             annotate: instance.options.get("annotate") && overruns > 0,
             started: vec![false; buffer.nr_cpus()],
             time_start: instance.time_start(),
+            scratch: String::new(),
         }
     }
 }
 
-/// The whole `trace` text of `buffer` (one CPU's with `cpu`): header, then every entry.
+/// The whole `trace` file of `buffer` (one CPU's with `cpu`): header, then every entry.
+/// Bytes, not text: with `bin` each entry starts with binary fields.
 pub fn format_trace(
     instance: &Instance,
     buffer: &ustrace_ringbuf::RingBuffer,
     cpu: Option<usize>,
-) -> String {
-    let mut out = header_for(instance, buffer);
+) -> Vec<u8> {
+    let mut out = header_for(instance, buffer).into_bytes();
     let mut cursor = Cursor::for_trace(instance, buffer);
     let mut events = match cpu {
         Some(cpu) => buffer.iter_cpu(cpu),
@@ -288,19 +355,40 @@ pub fn format_trace(
     out
 }
 
-/// Appends the text of one event (and a lost-events line before it, if any) to `out`.
-pub fn format_event(instance: &Instance, event: &RawEvent, out: &mut String) {
+/// Appends one event (and a lost-events line before it, if any) to `out`.
+pub fn format_event(instance: &Instance, event: &RawEvent, out: &mut Vec<u8>) {
     format_event_at(instance, &mut Cursor::for_pipe(instance), event, None, out);
 }
 
-/// Appends the text of one event, `cursor` saying where the reader is and `next_ts` the
-/// timestamp of the entry that follows (the latency format prints the gap to it).
+/// Appends one event, `cursor` saying where the reader is and `next_ts` the timestamp of
+/// the entry that follows (the latency format prints the gap to it).
+///
+/// The output is bytes because `bin` puts the pid, CPU and timestamp in as native
+/// integers; every other layout is text, built in the cursor's scratch string (kept
+/// between entries, so a long read does not allocate a line at a time) and copied out.
 pub fn format_event_at(
     instance: &Instance,
     cursor: &mut Cursor,
     event: &RawEvent,
     next_ts: Option<u64>,
+    out: &mut Vec<u8>,
+) {
+    let mut text = std::mem::take(&mut cursor.scratch);
+    text.clear();
+    format_entry(instance, cursor, event, next_ts, &mut text, out);
+    out.extend_from_slice(text.as_bytes());
+    cursor.scratch = text;
+}
+
+/// One entry: its text goes to `out`, except `bin`'s, which goes straight to `bytes` (after
+/// whatever text `out` holds by then).
+fn format_entry(
+    instance: &Instance,
+    cursor: &mut Cursor,
+    event: &RawEvent,
+    next_ts: Option<u64>,
     out: &mut String,
+    bytes: &mut Vec<u8>,
 ) {
     let idx = cursor.idx;
     cursor.idx += 1;
@@ -311,39 +399,57 @@ pub fn format_event_at(
     let id = EventId(read_int(record, 0, 2, false) as u16);
     let pid = read_int(record, 4, 4, true) as i32;
     let options = &instance.options;
+    let context = options.get("context-info");
+    let registered = registry().by_id(id);
+    // The kernel's `bin`, `hex` and `raw` layouts print `type: N` for an entry whose event
+    // has no layout of its own for them (every event here but the marker in `raw`), and
+    // differ for an entry of no known event.
+    let known = registered.is_some();
     if options.get("bin") {
-        // The binary layout is the kernel's: pid, cpu, timestamp as native integers.
-        let mut raw = Vec::new();
-        raw.extend_from_slice(&pid.to_ne_bytes());
-        raw.extend_from_slice(&(event.cpu as i32).to_ne_bytes());
-        raw.extend_from_slice(&event.ts.to_ne_bytes());
-        out.push_str(&String::from_utf8_lossy(&raw));
+        // The context as the kernel's: the pid and CPU as 32-bit, the timestamp as 64-bit
+        // native integers.
+        bytes.extend_from_slice(out.as_bytes());
+        out.clear();
+        if context {
+            bytes.extend_from_slice(&pid.to_ne_bytes());
+            bytes.extend_from_slice(&(event.cpu as i32).to_ne_bytes());
+            bytes.extend_from_slice(&event.ts.to_ne_bytes());
+        }
+        if known {
+            let _ = writeln!(out, "type: {}", id.0);
+        }
         return;
     }
     if options.get("hex") {
-        let _ = write!(
-            out,
-            "{pid:08x} {:08x} {:016x} type: {}\n\n",
-            event.cpu, event.ts, id.0
-        );
+        if context {
+            // Each field's bytes most significant first, then a space.
+            let _ = write!(out, "{pid:08x} {:08x} {:016x} ", event.cpu as i32, event.ts);
+        }
+        if known {
+            let _ = writeln!(out, "type: {}", id.0);
+        }
+        out.push('\n');
         return;
     }
-    let registered = registry().by_id(id);
     if options.get("raw") {
-        let _ = write!(out, "{pid} {} {} ", event.cpu, event.ts);
+        if context {
+            let _ = write!(out, "{pid} {} {} ", event.cpu, event.ts);
+        }
         match registered {
-            Some(ev) if id == MARKER_ID => {
+            Some(_) if id == MARKER_ID => {
                 let ip = read_int(record, 8, 8, false);
                 let text = record.get(16..).unwrap_or_default();
                 let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
                 let _ = write!(out, "# {ip:x} {}", String::from_utf8_lossy(&text[..end]));
-                let _ = ev;
                 if !out.ends_with('\n') {
                     out.push('\n');
                 }
             }
-            _ => {
+            Some(_) => {
                 let _ = writeln!(out, "type: {}", id.0);
+            }
+            None => {
+                let _ = writeln!(out, "{} ?", id.0);
             }
         }
         return;
@@ -355,7 +461,7 @@ pub fn format_event_at(
             let _ = writeln!(out, "##### CPU {} buffer started ####", event.cpu);
         }
     }
-    if options.get("context-info") {
+    if context {
         let comm = if pid == 0 {
             "<idle>".to_string()
         } else {
@@ -405,6 +511,9 @@ pub fn format_event_at(
         }
         Some(ev) => {
             out.push_str(ev.class.output_name());
+            if id == MARKER_ID {
+                marker_writer(instance, record, out);
+            }
             out.push_str(": ");
             let start = out.len();
             let symbols = ProcessSymbols {
@@ -420,6 +529,23 @@ pub fn format_event_at(
         None => {
             let _ = writeln!(out, "Unknown type {}", id.0);
         }
+    }
+}
+
+/// What `sym-offset` and `sym-addr` add to a marker line's `tracing_mark_write`, as the
+/// kernel adds them to the function that wrote the entry (its `ip`): here that is the
+/// function that wrote the marker into the buffer, its offset and size from the process's
+/// symbols (left out if they have none for it), and its address.
+fn marker_writer(instance: &Instance, record: &[u8], out: &mut String) {
+    let ip = read_int(record, 8, 8, false);
+    if instance.options.get("sym-offset") {
+        let inventory = ustrace_inspect::symbols::inventory();
+        if let Some((symbol, offset)) = inventory.lookup(ip as usize) {
+            let _ = write!(out, "+0x{offset:x}/0x{:x}", symbol.size);
+        }
+    }
+    if instance.options.get("sym-addr") {
+        let _ = write!(out, " <{ip:016x}>");
     }
 }
 

@@ -52,7 +52,7 @@ impl TracePipe {
             }
             return false;
         }
-        let mut text = String::new();
+        let mut text = Vec::new();
         while text.len() < limit {
             let next = match self.cpu {
                 Some(cpu) => buffer.consume(cpu),
@@ -63,7 +63,7 @@ impl TracePipe {
             // latency format's gap to it shows as none.
             format_event_at(&self.instance, &mut self.cursor, &event, None, &mut text);
         }
-        self.pending.extend_from_slice(text.as_bytes());
+        self.pending.extend_from_slice(&text);
         !text.is_empty()
     }
 }
