@@ -363,14 +363,9 @@ pub(crate) struct SiteCode {
 
 const ENTRY_STUB_LEN: usize = 32;
 
-/// Analyses `func`, and on success writes its entry stub (bound to `site`) and relocated
+/// Writes the analysed function's entry stub (bound to `site`) and relocated
 /// prologue into fresh stub memory. Nothing is patched yet.
-pub(crate) fn build_site(
-    func: usize,
-    size: Option<usize>,
-    site: usize,
-) -> Result<SiteCode, String> {
-    let prologue = super::insn::analyze(func, size)?;
+pub(crate) fn build_site(prologue: super::insn::Prologue, site: usize) -> Result<SiteCode, String> {
     let mem = alloc_code_near(
         prologue.patch_at,
         ENTRY_STUB_LEN + super::insn::MAX_RELOCATED + 32,
