@@ -18,9 +18,10 @@
 //!
 //! The SIGTRAP handler looks the trapping address up in a lock-free open-addressing table
 //! ([`TrapTable`]) whose entries are never removed, so a thread that fetched the int3 just before
-//! step 5 (or is being delivered the signal late) is still sent to the right place. Traps on
-//! addresses that are not ours are handed to the previously installed handler, or re-executed under
-//! the default disposition.
+//! step 5 (or is being delivered the signal late) is still sent to the right place. Only a
+//! breakpoint trap (`si_code` `SI_KERNEL`/`TRAP_BRKPT`) is looked up; traps on addresses that are
+//! not ours and SIGTRAPs sent by `kill`/`tgkill` are handed to the previously installed handler,
+//! or get the default action (an int3 is re-executed under it, a sent signal is raised again).
 //!
 //! Bytes are written through `/proc/self/mem`, which the kernel lets a process use to write its own
 //! read-only text without changing page protections (no W+X window, no `mprotect` races between
@@ -221,14 +222,30 @@ pub(crate) fn membarrier_all() {
 static OLD_SIGTRAP: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 static TRAP_INSTALLED: AtomicBool = AtomicBool::new(false);
 
+/// `si_code` of the SIGTRAP an `int3` raises on x86_64 (the kernel's `do_int3_user`).
+const SI_KERNEL: libc::c_int = 0x80;
+/// `si_code` of a breakpoint trap as other paths report it.
+const TRAP_BRKPT: libc::c_int = 1;
+
 extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
     let uc = uctx.cast::<libc::ucontext_t>();
-    // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler.
-    let rip = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] } as usize;
-    if let Some(resume) = trap_get(rip.wrapping_sub(1)) {
-        // SAFETY: as above; rewriting rip is how a handler redirects the interrupted thread.
-        unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = resume as i64 };
-        return;
+    // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler.
+    let (rip, code) = unsafe {
+        (
+            (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as usize,
+            (*info).si_code,
+        )
+    };
+    // Only a breakpoint trap has executed an int3, whose address is rip-1. A SIGTRAP sent
+    // with kill/tgkill/sigqueue (si_code <= 0) or a single-step trap leaves rip on an
+    // instruction boundary that may even follow one of our sites: never treat it as ours.
+    let int3 = code == SI_KERNEL || code == TRAP_BRKPT;
+    if int3 {
+        if let Some(resume) = trap_get(rip.wrapping_sub(1)) {
+            // SAFETY: as above; rewriting rip is how a handler redirects the interrupted thread.
+            unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = resume as i64 };
+            return;
+        }
     }
     let old = OLD_SIGTRAP.load(Ordering::Acquire);
     if !old.is_null() {
@@ -252,11 +269,19 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mu
             return;
         }
     }
-    // Not ours and no handler: re-run the trapping int3 under the default action (core dump).
-    // SAFETY: resetting a disposition is async-signal-safe; rip-1 is the int3 that trapped.
+    // Not ours and no handler: the default action (terminate with a core dump), as if we had
+    // never been installed.
+    // SAFETY: resetting a disposition and raising are async-signal-safe; for an int3, rip-1
+    // is the int3 that trapped and running it again under SIG_DFL takes the default action.
     unsafe {
         libc::signal(libc::SIGTRAP, libc::SIG_DFL);
-        (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = (rip - 1) as i64;
+        if int3 {
+            (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = (rip - 1) as i64;
+        } else {
+            // A sent signal does not recur by itself; SA_NODEFER leaves SIGTRAP unblocked,
+            // so this one is delivered (under SIG_DFL) as raise returns.
+            libc::raise(libc::SIGTRAP);
+        }
     }
 }
 
