@@ -142,7 +142,7 @@ fn proc_mem() -> Result<&'static File, Error> {
 
 /// Writes code bytes; the caller guarantees no thread can execute `addr..addr+bytes.len()` in a
 /// way that observes a partial write (int3 guard or single byte).
-fn write_text(addr: usize, bytes: &[u8]) -> Result<(), Error> {
+pub(crate) fn write_text(addr: usize, bytes: &[u8]) -> Result<(), Error> {
     let mem = proc_mem()?;
     mem.write_all_at(bytes, addr as u64)
         .map_err(|e| Error::Patch(format!("writing {} bytes at {addr:#x}: {e}", bytes.len())))
