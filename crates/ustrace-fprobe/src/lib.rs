@@ -98,6 +98,9 @@
 //! - The rendezvous that makes patching safe for threads preempted inside a prologue uses the
 //!   real-time signal `SIGRTMAX-5` and may make an interrupted `poll`/`epoll_wait` return
 //!   `EINTR` once.
+//!   A thread that cannot answer it at once (stopped by SIGSTOP or a debugger, asleep) runs
+//!   it before its next user instruction; a debugger that discards that signal for a thread
+//!   stopped inside a prologue being patched leaves the thread in the new bytes.
 //! - Indirect branches (jump tables) are not checked for targets inside the patched bytes;
 //!   direct branches from anywhere in the function's object and other symbols starting inside
 //!   them are (glibc's `mempcpy` jumps to `memcpy+3`: such a `memcpy` is refused).

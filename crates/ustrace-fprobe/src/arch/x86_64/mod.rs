@@ -78,6 +78,7 @@ pub(crate) fn patch_jump_labels(
             trap_resume: resume,
             final_resume: resume,
             interior: Vec::new(),
+            restores: Vec::new(),
         });
     }
     text_poke::poke_batch(&pokes, guard)
@@ -118,6 +119,7 @@ pub(crate) fn patch_sites(
                 trap_resume: s.orig_stub,
                 final_resume: s.entry_stub,
                 interior: s.interior.clone(),
+                restores: Vec::new(),
             })
         })
         .collect();
@@ -137,6 +139,7 @@ pub(crate) fn unpatch_sites(
             trap_resume: s.orig_stub,
             final_resume: s.orig_stub,
             interior: Vec::new(),
+            restores: s.interior.iter().map(|m| m.0).collect(),
         })
         .collect();
     text_poke::poke_batch(&pokes, guard)
