@@ -96,7 +96,7 @@ fn excluded(name: &str) -> Option<&'static str> {
     None
 }
 
-/// Functions of the C library and the dynamic loader that must not be probed although their
+/// Functions of the C library and the dynamic loader (only there) that must not be probed although their
 /// prologue could be patched: the kernel marks its own such code `notrace`/`NOKPROBE_SYMBOL`.
 /// (name glob, why, whether only an fprobe that hooks the return is refused).
 const NOTRACE: &[(&str, &str, bool)] = &[
@@ -124,12 +124,27 @@ const NOTRACE: &[(&str, &str, bool)] = &[
     ("*vfork", "returns twice on one stack (child, then parent)", true),
 ];
 
-/// Why none of `names` (the symbols of one address) may be probed by an fprobe that does (or
-/// does not) hook the return.
-fn notrace(names: &[&str], hooks_return: bool) -> Option<String> {
+/// Whether `path` is the C library or the dynamic loader, whose functions [`NOTRACE`] names.
+fn is_glibc(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    ["libc.so", "libc-", "ld-linux", "ld-2.", "libpthread"]
+        .iter()
+        .any(|p| base.starts_with(p))
+}
+
+/// Why the function at `addr` (named `first` by the caller, plus every name the inventory has
+/// for it) may not be probed by an fprobe that does (or does not) hook the return.
+fn notrace(symbols: &[Symbol], addr: usize, first: &str, hooks_return: bool) -> Option<String> {
+    let i = symbols.partition_point(|s| s.addr < addr);
+    let here = symbols[i..].iter().take_while(|s| s.addr == addr);
+    let glibc = here.clone().any(|s| is_glibc(&s.object));
+    let names = std::iter::once(first).chain(here.map(|s| s.mangled.as_str()));
     for n in names {
         if let Some(why) = excluded(n) {
             return Some(why.to_string());
+        }
+        if !glibc {
+            continue;
         }
         let plain = n.split('@').next().unwrap_or(n);
         for (pat, why, exit_only) in NOTRACE {
@@ -141,19 +156,6 @@ fn notrace(names: &[&str], hooks_return: bool) -> Option<String> {
         }
     }
     None
-}
-
-/// Every name the inventory has for the function at `addr`, and `first`.
-fn names_at<'a>(symbols: &'a [Symbol], addr: usize, first: &'a str) -> Vec<&'a str> {
-    let i = symbols.partition_point(|s| s.addr < addr);
-    std::iter::once(first)
-        .chain(
-            symbols[i..]
-                .iter()
-                .take_while(|s| s.addr == addr)
-                .map(|s| s.mangled.as_str()),
-        )
-        .collect()
 }
 
 /// Builder for an [`Fprobe`]: handlers and per-call data first, then one of the three
@@ -491,7 +493,7 @@ fn attach(
             .or_insert_with(|| new_site(&t, symbols));
         // An IFUNC symbol is listed at the implementation its resolver selected (see
         // ustrace-inspect), which is ordinary code: it is judged like any other function.
-        let reason = if let Some(why) = notrace(&names_at(symbols, t.addr, &t.name), hooks_return) {
+        let reason = if let Some(why) = notrace(symbols, t.addr, &t.name, hooks_return) {
             Some(why)
         } else {
             rec.code.as_ref().err().cloned()
@@ -781,7 +783,7 @@ pub fn check_patchable(addr: usize) -> Option<String> {
         _ => (format!("{addr:#x}"), None),
     };
     // Entry-only view: a registration that hooks the return may refuse a few more.
-    if let Some(why) = notrace(&names_at(inv.functions(), addr, &name), false) {
+    if let Some(why) = notrace(inv.functions(), addr, &name, false) {
         return Some(why);
     }
     let g = registry();
@@ -854,4 +856,40 @@ pub fn rescan_filters() -> usize {
     live.iter()
         .map(|(s, p)| rescan_one(s, p, false).unwrap_or(0))
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ustrace_inspect::symbols::Binding;
+
+    fn sym(name: &str, addr: usize, object: &str) -> Symbol {
+        Symbol {
+            name: name.into(),
+            mangled: name.into(),
+            addr,
+            size: 16,
+            object: object.into(),
+            binding: Binding::Global,
+            ifunc: false,
+        }
+    }
+
+    #[test]
+    fn notrace_names_apply_to_glibc_only_and_exit_only_entries_to_return_hooks() {
+        let libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+        let syms = vec![
+            sym("__clone", 0x1000, libc),
+            sym("clone", 0x1000, libc),
+            sym("_setjmp", 0x2000, libc),
+            sym("clone_widget", 0x3000, "/opt/app/libwidget.so"),
+            sym("memcpy", 0x4000, libc),
+        ];
+        assert!(notrace(&syms, 0x1000, "clone", false).is_some());
+        assert!(notrace(&syms, 0x2000, "_setjmp", false).is_none());
+        assert!(notrace(&syms, 0x2000, "_setjmp", true).is_some());
+        assert!(notrace(&syms, 0x3000, "clone_widget", true).is_none());
+        assert!(notrace(&syms, 0x4000, "memcpy", true).is_none());
+        assert!(notrace(&syms, 0x5000, "ustrace_fprobe_thing", false).is_some());
+    }
 }
