@@ -48,7 +48,7 @@
 //! probed function, a signal handler doing so) run no handler and count a miss on every fprobe
 //! of that site.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{
     compiler_fence, AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
@@ -223,21 +223,39 @@ thread_local! {
             arena: [0; ARENA_WORDS],
         })
     };
-    static SLOT_GUARD: SlotGuard = const { SlotGuard(Cell::new(QSLOT_NONE)) };
 }
 
-struct SlotGuard(Cell<u32>);
+/// The pthread key whose destructor gives a thread's quiescence slot back when it exits
+/// (`u32::MAX` until [`prepare_slot_release`] made it). A Rust thread-local with `Drop` would
+/// register its destructor on first use with `__cxa_thread_atexit_impl`, which allocates: a
+/// first hit inside the allocator (an arena lock held) then deadlocked on that same lock.
+/// `pthread_setspecific` on one of the first 32 keys stores in the thread descriptor itself.
+static SLOT_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 
-impl Drop for SlotGuard {
-    fn drop(&mut self) {
-        let i = self.0.get();
-        if (i as usize) < QSLOT_COUNT {
-            let ts = ts();
-            // SAFETY: this thread's own state, not borrowed anywhere during TLS teardown.
-            unsafe { (*ts).qslot = QSLOT_OVERFLOW };
-            QSLOTS[i as usize].owner.store(0, Ordering::Release);
-        }
+/// Keys below this index live inside glibc's thread descriptor (no allocation to set).
+const INLINE_KEYS: u32 = 32;
+
+unsafe extern "C" fn release_slot_at_exit(value: *mut libc::c_void) {
+    let i = (value as usize).wrapping_sub(1);
+    if i < QSLOT_COUNT {
+        let ts = ts();
+        // SAFETY: this thread's own state; TLS of the thread is still valid while pthread
+        // key destructors run.
+        unsafe { (*ts).qslot = QSLOT_OVERFLOW };
+        QSLOTS[i].owner.store(0, Ordering::Release);
     }
+}
+
+/// Creates the slot-release key once; called by registration, never on the hit path.
+pub(crate) fn prepare_slot_release() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: valid out pointer and a destructor with the C signature.
+        if unsafe { libc::pthread_key_create(&mut key, Some(release_slot_at_exit)) } == 0 {
+            SLOT_KEY.store(key, Ordering::Release);
+        }
+    });
 }
 
 fn ts() -> *mut ThreadState {
@@ -258,9 +276,14 @@ fn claim_slot(ts: *mut ThreadState) {
             .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
-            // Registering the release destructor may allocate (once per thread); `busy` is set,
-            // so a probed allocator called here only counts a miss.
-            if SLOT_GUARD.try_with(|g| g.0.set(i as u32)).is_ok() {
+            // Only a key stored inside the thread descriptor is set here: anything that could
+            // allocate might be running inside the allocator's lock already.
+            let key = SLOT_KEY.load(Ordering::Acquire);
+            let stored = key < INLINE_KEYS && {
+                // SAFETY: a key made by pthread_key_create; the value is a plain integer.
+                unsafe { libc::pthread_setspecific(key, (i + 1) as *const libc::c_void) == 0 }
+            };
+            if stored {
                 // SAFETY: own thread state.
                 unsafe { (*ts).qslot = i as u32 };
                 return;

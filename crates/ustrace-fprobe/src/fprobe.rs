@@ -26,6 +26,7 @@ use crate::dispatch::{
     self, EntryAction, EntryHandler, ExitHandler, Probe, ProbeList, Site, PSLOTS,
 };
 use crate::Error;
+use ustrace_inspect::symbols::Symbol;
 
 /// A function a registration attempt could not attach to, with the reason.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +92,68 @@ pub(crate) struct Target {
 fn excluded(name: &str) -> Option<&'static str> {
     if name.starts_with("ustrace_fprobe") || name.contains("ustrace_fprobe::") {
         return Some("part of the probe machinery (notrace)");
+    }
+    None
+}
+
+/// Functions of the C library and the dynamic loader (only there) that must not be probed although their
+/// prologue could be patched: the kernel marks its own such code `notrace`/`NOKPROBE_SYMBOL`.
+/// (name glob, why, whether only an fprobe that hooks the return is refused).
+const NOTRACE: &[(&str, &str, bool)] = &[
+    ("_dl_runtime_resolve*", "lazy-binding resolver: entered by a jump from the PLT with the link map and relocation index on the stack, not a return address", false),
+    ("_dl_runtime_profile*", "lazy-binding resolver: entered by a jump from the PLT with the link map and relocation index on the stack, not a return address", false),
+    ("_dl_tlsdesc_*", "TLS descriptor resolver: its callers expect every register preserved", false),
+    ("__tls_get_addr*", "may be called with a misaligned stack (GCC bug 58066)", false),
+    ("start_thread", "a new thread runs it with every signal blocked, and a thread that meets the int3 of a patch in progress with SIGTRAP blocked is killed", false),
+    ("__ctype_init", "a new thread runs it with every signal blocked, and a thread that meets the int3 of a patch in progress with SIGTRAP blocked is killed", false),
+    ("create_thread", "runs with every signal blocked, and a thread that meets the int3 of a patch in progress with SIGTRAP blocked is killed", false),
+    ("__clone*", "runs with every signal blocked and returns on a new stack in the child", false),
+    ("clone*", "runs with every signal blocked and returns on a new stack in the child", false),
+    ("__spawni_child", "the posix_spawn child runs it with every signal blocked, on our memory", false),
+    ("_Fork", "runs with every signal blocked", false),
+    ("__sigsetjmp", "a new thread runs it with every signal blocked; it also returns twice", false),
+    ("__sigjmp_save", "a new thread runs it with every signal blocked", false),
+    ("*madvise", "an exiting thread runs it with every signal blocked", false),
+    ("*getpagesize", "an exiting thread runs it with every signal blocked", false),
+    ("__lll_lock_wa*_private", "new and exiting threads run it with every signal blocked", false),
+    ("*setjmp", "returns twice: a later longjmp would return through a hook that is gone", true),
+    ("getcontext", "returns twice: a later setcontext would return through a hook that is gone", true),
+    ("__getcontext", "returns twice: a later setcontext would return through a hook that is gone", true),
+    ("swapcontext", "returns on another context's stack", true),
+    ("__start_context", "the first frame of a makecontext context: it has no caller to return to", true),
+    ("*vfork", "returns twice on one stack (child, then parent)", true),
+];
+
+/// Whether `path` is the C library or the dynamic loader, whose functions [`NOTRACE`] names.
+fn is_glibc(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    ["libc.so", "libc-", "ld-linux", "ld-2.", "libpthread"]
+        .iter()
+        .any(|p| base.starts_with(p))
+}
+
+/// Why the function at `addr` (named `first` by the caller, plus every name the inventory has
+/// for it) may not be probed by an fprobe that does (or does not) hook the return.
+fn notrace(symbols: &[Symbol], addr: usize, first: &str, hooks_return: bool) -> Option<String> {
+    let i = symbols.partition_point(|s| s.addr < addr);
+    let here = symbols[i..].iter().take_while(|s| s.addr == addr);
+    let glibc = here.clone().any(|s| is_glibc(&s.object));
+    let names = std::iter::once(first).chain(here.map(|s| s.mangled.as_str()));
+    for n in names {
+        if let Some(why) = excluded(n) {
+            return Some(why.to_string());
+        }
+        if !glibc {
+            continue;
+        }
+        let plain = n.split('@').next().unwrap_or(n);
+        for (pat, why, exit_only) in NOTRACE {
+            if (!exit_only || hooks_return)
+                && ustrace_inspect::symbols::glob_match(pat.as_bytes(), plain.as_bytes())
+            {
+                return Some(format!("{why} (notrace: {plain})"));
+            }
+        }
     }
     None
 }
@@ -265,6 +328,9 @@ impl FprobeBuilder {
                 "cannot register from inside an fprobe handler".into(),
             ));
         }
+        dispatch::prepare_slot_release();
+        // Taken before the registry lock: building it may dlopen, whose hook takes that lock.
+        let inv = ustrace_inspect::symbols::inventory();
         let mut g = registry();
         let reg = g.as_mut().expect("registry initialised");
         let slot = match reg.free_slots.pop() {
@@ -295,6 +361,7 @@ impl FprobeBuilder {
             .store(Arc::as_ptr(&probe).cast_mut(), Ordering::Release);
         match attach(
             reg,
+            inv.functions(),
             &probe,
             self.internal,
             self.no_return_hook,
@@ -406,8 +473,10 @@ fn free_retired(retired: Vec<*mut ProbeList>) {
 
 type Attached = (Vec<usize>, Vec<Refusal>);
 
+#[allow(clippy::too_many_arguments)]
 fn attach(
     reg: &mut Registry,
+    symbols: &[Symbol],
     probe: &Arc<Probe>,
     internal: bool,
     no_return_hook: bool,
@@ -416,12 +485,16 @@ fn attach(
 ) -> Result<Attached, Error> {
     let mut refused = Vec::new();
     let mut ok = Vec::new();
+    let hooks_return = probe.exit.is_some() && !no_return_hook;
     for t in targets {
-        let rec = reg.sites.entry(t.addr).or_insert_with(|| new_site(&t));
+        let rec = reg
+            .sites
+            .entry(t.addr)
+            .or_insert_with(|| new_site(&t, symbols));
         // An IFUNC symbol is listed at the implementation its resolver selected (see
         // ustrace-inspect), which is ordinary code: it is judged like any other function.
-        let reason = if let Some(why) = excluded(&t.name) {
-            Some(why.to_string())
+        let reason = if let Some(why) = notrace(symbols, t.addr, &t.name, hooks_return) {
+            Some(why)
         } else {
             rec.code.as_ref().err().cloned()
         };
@@ -495,7 +568,7 @@ fn attach(
     Ok((ok, refused))
 }
 
-fn new_site(t: &Target) -> SiteRec {
+fn new_site(t: &Target, symbols: &[Symbol]) -> SiteRec {
     let site: &'static Site = Box::leak(Box::new(Site {
         orig_stub: Default::default(),
         func: t.addr,
@@ -505,7 +578,7 @@ fn new_site(t: &Target) -> SiteRec {
     let code = if excluded(&t.name).is_some() {
         Err("not analysed".to_string())
     } else {
-        arch::build_site(t.addr, t.size, site as *const Site as usize)
+        arch::build_site(t.addr, t.size, site as *const Site as usize, symbols)
     };
     if let Ok(c) = &code {
         site.orig_stub.store(c.orig_stub, Ordering::Release);
@@ -709,15 +782,16 @@ pub fn check_patchable(addr: usize) -> Option<String> {
         Some((s, 0)) => (s.name.clone(), Some(s.size).filter(|&n| n > 0)),
         _ => (format!("{addr:#x}"), None),
     };
-    if let Some(why) = excluded(&name) {
-        return Some(why.into());
+    // Entry-only view: a registration that hooks the return may refuse a few more.
+    if let Some(why) = notrace(inv.functions(), addr, &name, false) {
+        return Some(why);
     }
     let g = registry();
     if let Some(rec) = g.as_ref().and_then(|r| r.sites.get(&addr)) {
         return rec.code.as_ref().err().cloned();
     }
     drop(g);
-    arch::analyze_only(addr, size).err()
+    arch::analyze_only(addr, size, inv.functions()).err()
 }
 
 thread_local! {
@@ -754,9 +828,10 @@ fn rescan_one_inner(
     if targets.is_empty() {
         return Ok(0);
     }
+    let inv = ustrace_inspect::symbols::inventory();
     let mut g = registry();
     let reg = g.as_mut().expect("registry initialised");
-    let (funcs, refused) = attach(reg, probe, internal, false, targets, false)?;
+    let (funcs, refused) = attach(reg, inv.functions(), probe, internal, false, targets, false)?;
     let n = funcs.len();
     st.funcs.extend(funcs);
     st.refused.extend(refused);
@@ -781,4 +856,40 @@ pub fn rescan_filters() -> usize {
     live.iter()
         .map(|(s, p)| rescan_one(s, p, false).unwrap_or(0))
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ustrace_inspect::symbols::Binding;
+
+    fn sym(name: &str, addr: usize, object: &str) -> Symbol {
+        Symbol {
+            name: name.into(),
+            mangled: name.into(),
+            addr,
+            size: 16,
+            object: object.into(),
+            binding: Binding::Global,
+            ifunc: false,
+        }
+    }
+
+    #[test]
+    fn notrace_names_apply_to_glibc_only_and_exit_only_entries_to_return_hooks() {
+        let libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+        let syms = vec![
+            sym("__clone", 0x1000, libc),
+            sym("clone", 0x1000, libc),
+            sym("_setjmp", 0x2000, libc),
+            sym("clone_widget", 0x3000, "/opt/app/libwidget.so"),
+            sym("memcpy", 0x4000, libc),
+        ];
+        assert!(notrace(&syms, 0x1000, "clone", false).is_some());
+        assert!(notrace(&syms, 0x2000, "_setjmp", false).is_none());
+        assert!(notrace(&syms, 0x2000, "_setjmp", true).is_some());
+        assert!(notrace(&syms, 0x3000, "clone_widget", true).is_none());
+        assert!(notrace(&syms, 0x4000, "memcpy", true).is_none());
+        assert!(notrace(&syms, 0x5000, "ustrace_fprobe_thing", false).is_some());
+    }
 }

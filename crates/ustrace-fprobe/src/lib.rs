@@ -64,6 +64,7 @@
 //! - [`static_key`]: jump labels for tracepoints, patched by the same code.
 //! - `arch/x86_64/`: everything that knows the instruction set — `text_poke` (the kernel's
 //!   int3 protocol + SIGTRAP routing + rendezvous), `insn` (prologue analysis/relocation),
+//!   `entries` (other ways into a prologue: symbols and branches anywhere in the object),
 //!   `trampoline` (asm, stub memory), `regs` ([`PtRegs`]). Other architectures get
 //!   `arch/unsupported.rs`: registration returns [`Error::Unsupported`].
 //!
@@ -97,7 +98,18 @@
 //! - The rendezvous that makes patching safe for threads preempted inside a prologue uses the
 //!   real-time signal `SIGRTMAX-5` and may make an interrupted `poll`/`epoll_wait` return
 //!   `EINTR` once.
-//! - Indirect branches (jump tables) are not checked for targets inside the patched bytes.
+//!   A thread that cannot answer it at once (stopped by SIGSTOP or a debugger, asleep) runs
+//!   it before its next user instruction; a debugger that discards that signal for a thread
+//!   stopped inside a prologue being patched leaves the thread in the new bytes.
+//! - Indirect branches (jump tables) are not checked for targets inside the patched bytes;
+//!   direct branches from anywhere in the function's object and other symbols starting inside
+//!   them are (glibc's `mempcpy` jumps to `memcpy+3`: such a `memcpy` is refused).
+//! - A thread that has SIGTRAP blocked and runs into a function while its patch is in flight
+//!   (between the int3 and the last byte) is killed by the kernel: an int3 trap cannot be held
+//!   back. glibc starts and ends threads with every signal blocked; the functions it runs
+//!   there, and entry points that are not C functions (lazy-binding and TLS-descriptor
+//!   resolvers, `setjmp`-like returns-twice functions when the return is hooked), are refused
+//!   by name, as the kernel marks its own `notrace`.
 //! - A thread that was interrupted inside a prologue by a signal whose handler is still
 //!   running while that prologue is patched resumes in the new bytes when the handler returns
 //!   (the rendezvous sees the handler's `rip`, not the saved one). Patch outside such windows.

@@ -69,11 +69,16 @@ pub(crate) fn build_site(
     _func: usize,
     _size: Option<usize>,
     _site: usize,
+    _symbols: &[ustrace_inspect::symbols::Symbol],
 ) -> Result<SiteCode, String> {
     Err(WHY.into())
 }
 
-pub(crate) fn analyze_only(_func: usize, _size: Option<usize>) -> Result<(), String> {
+pub(crate) fn analyze_only(
+    _func: usize,
+    _size: Option<usize>,
+    _symbols: &[ustrace_inspect::symbols::Symbol],
+) -> Result<(), String> {
     Err(WHY.into())
 }
 

@@ -4,9 +4,13 @@ mod text_poke;
 
 pub(crate) use text_poke::text_lock;
 #[allow(unused_imports)]
-pub(crate) use text_poke::{membarrier_all, membarrier_init, moved_threads, read_text};
+pub(crate) use text_poke::{
+    membarrier_all, membarrier_init, moved_threads, read_text, write_text as write_code,
+};
 
 use std::sync::MutexGuard;
+
+use ustrace_inspect::symbols::Symbol;
 
 use crate::static_key::JumpEntry;
 use crate::Error;
@@ -74,11 +78,13 @@ pub(crate) fn patch_jump_labels(
             trap_resume: resume,
             final_resume: resume,
             interior: Vec::new(),
+            restores: Vec::new(),
         });
     }
     text_poke::poke_batch(&pokes, guard)
 }
 
+mod entries;
 mod insn;
 mod regs;
 mod trampoline;
@@ -87,13 +93,16 @@ pub use regs::PtRegs;
 pub(crate) use trampoline::{return_trampoline, SiteCode};
 
 /// Analyses and prepares (but does not patch) the function at `func` for the dispatcher site at
-/// address `site`.
+/// address `site`. `symbols` is every known function sorted by address (other entry points).
 pub(crate) fn build_site(
     func: usize,
     size: Option<usize>,
     site: usize,
+    symbols: &[Symbol],
 ) -> Result<SiteCode, String> {
-    trampoline::build_site(func, size, site)
+    let prologue = insn::analyze(func, size)?;
+    entries::check(func, prologue.patch_at, prologue.len, symbols)?;
+    trampoline::build_site(prologue, site)
 }
 
 /// Points every given site's first bytes at its entry stub.
@@ -110,6 +119,7 @@ pub(crate) fn patch_sites(
                 trap_resume: s.orig_stub,
                 final_resume: s.entry_stub,
                 interior: s.interior.clone(),
+                restores: Vec::new(),
             })
         })
         .collect();
@@ -129,6 +139,7 @@ pub(crate) fn unpatch_sites(
             trap_resume: s.orig_stub,
             final_resume: s.orig_stub,
             interior: Vec::new(),
+            restores: s.interior.iter().map(|m| m.0).collect(),
         })
         .collect();
     text_poke::poke_batch(&pokes, guard)
@@ -151,8 +162,13 @@ pub(crate) fn hardware_shadow_stack() -> bool {
 }
 
 /// Runs the patchability analysis without building anything.
-pub(crate) fn analyze_only(func: usize, size: Option<usize>) -> Result<(), String> {
-    insn::analyze(func, size).map(|_| ())
+pub(crate) fn analyze_only(
+    func: usize,
+    size: Option<usize>,
+    symbols: &[Symbol],
+) -> Result<(), String> {
+    let prologue = insn::analyze(func, size)?;
+    entries::check(func, prologue.patch_at, prologue.len, symbols)
 }
 
 /// Whether fprobes can be registered on this architecture.

@@ -18,9 +18,10 @@
 //!
 //! The SIGTRAP handler looks the trapping address up in a lock-free open-addressing table
 //! ([`TrapTable`]) whose entries are never removed, so a thread that fetched the int3 just before
-//! step 5 (or is being delivered the signal late) is still sent to the right place. Traps on
-//! addresses that are not ours are handed to the previously installed handler, or re-executed under
-//! the default disposition.
+//! step 5 (or is being delivered the signal late) is still sent to the right place. Only a
+//! breakpoint trap (`si_code` `SI_KERNEL`/`TRAP_BRKPT`) is looked up; traps on addresses that are
+//! not ours and SIGTRAPs sent by `kill`/`tgkill` are handed to the previously installed handler,
+//! or get the default action (an int3 is re-executed under it, a sent signal is raised again).
 //!
 //! Bytes are written through `/proc/self/mem`, which the kernel lets a process use to write its own
 //! read-only text without changing page protections (no W+X window, no `mprotect` races between
@@ -31,9 +32,13 @@
 //! prologue instructions would resume in the middle of the `jmp`. Each thread is sent a real-time
 //! signal; its handler inspects the interrupted `rip` and, if it lies strictly inside a patched
 //! range, rewrites it to the matching instruction of the relocated prologue (which ends with a jump
-//! back past the patched range). A thread that does not answer in time is accepted only when
-//! `/proc/self/task/TID/stat` shows it blocked in the kernel (its `rip` then sits after a `syscall`
-//! instruction, which is never part of a relocatable prologue); otherwise the batch is rolled back.
+//! back past the patched range). The moves live in a table that stays published for as long as
+//! the patch is in place, not only for the round. A thread that does not answer in time is
+//! accepted when it is not running and does not block the signal (stopped by SIGSTOP or a
+//! debugger, asleep, waiting on a page fault: the kernel runs the handler before its next user
+//! instruction, wherever its `rip` is), or when it blocks the signal but sleeps in a system call
+//! (its `rip` then sits after a `syscall`, which no relocatable prologue contains); otherwise the
+//! batch is rolled back after 2 s. A debugger that swallows the signal defeats this.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -54,61 +59,84 @@ pub(crate) fn text_lock() -> MutexGuard<'static, ()> {
 
 const TRAP_SLOTS: usize = 1 << 16;
 
-/// Lock-free map from a patched address to where a thread that traps on its int3 must resume.
-/// Written only under the text mutex; read from the SIGTRAP handler.
-struct TrapTable {
+/// Lock-free open-addressing map from a code address to another code address. Written only
+/// under the text mutex; read from signal handlers. Keys are never removed (a value may be
+/// set to 0, "none"), so a reader never sees a slot change meaning under it.
+struct AddrMap {
     keys: [AtomicUsize; TRAP_SLOTS],
-    resume: [AtomicUsize; TRAP_SLOTS],
+    vals: [AtomicUsize; TRAP_SLOTS],
+    count: AtomicUsize,
 }
 
-static TRAPS: TrapTable = TrapTable {
-    keys: [const { AtomicUsize::new(0) }; TRAP_SLOTS],
-    resume: [const { AtomicUsize::new(0) }; TRAP_SLOTS],
-};
-static TRAP_COUNT: AtomicUsize = AtomicUsize::new(0);
+impl AddrMap {
+    const fn new() -> Self {
+        AddrMap {
+            keys: [const { AtomicUsize::new(0) }; TRAP_SLOTS],
+            vals: [const { AtomicUsize::new(0) }; TRAP_SLOTS],
+            count: AtomicUsize::new(0),
+        }
+    }
+
+    /// Publishes `val` for `addr`. Caller holds the text mutex.
+    fn set(&self, addr: usize, val: usize) -> Result<(), Error> {
+        let mut i = trap_hash(addr);
+        for _ in 0..TRAP_SLOTS {
+            let key = self.keys[i].load(Ordering::Acquire);
+            if key == addr {
+                self.vals[i].store(val, Ordering::Release);
+                return Ok(());
+            }
+            if key == 0 {
+                if self.count.load(Ordering::Relaxed) >= TRAP_SLOTS * 3 / 4 {
+                    return Err(Error::TooManySites);
+                }
+                // Value first, key second: a reader that sees the key sees a valid value.
+                self.vals[i].store(val, Ordering::Release);
+                self.keys[i].store(addr, Ordering::Release);
+                self.count.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            i = (i + 1) & (TRAP_SLOTS - 1);
+        }
+        Err(Error::TooManySites)
+    }
+
+    /// Async-signal-safe lookup; `None` for unknown or withdrawn addresses.
+    fn get(&self, addr: usize) -> Option<usize> {
+        let mut i = trap_hash(addr);
+        for _ in 0..TRAP_SLOTS {
+            let key = self.keys[i].load(Ordering::Acquire);
+            if key == addr {
+                return Some(self.vals[i].load(Ordering::Acquire)).filter(|&v| v != 0);
+            }
+            if key == 0 {
+                return None;
+            }
+            i = (i + 1) & (TRAP_SLOTS - 1);
+        }
+        None
+    }
+}
+
+/// Where a thread that traps on the int3 at an address must resume.
+static TRAPS: AddrMap = AddrMap::new();
+
+/// For every instruction boundary strictly inside bytes that are (or are being) replaced by a
+/// `jmp`: the equivalent instruction of the relocated copy. Published before the rendezvous
+/// and withdrawn only once the original bytes are back, so a thread that runs its rendezvous
+/// handler late (stopped, or asleep in the kernel, when it was asked) is still moved.
+static MOVES: AddrMap = AddrMap::new();
 
 fn trap_hash(addr: usize) -> usize {
     (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) & (TRAP_SLOTS - 1)
 }
 
-/// Publishes the resume address for traps at `addr`. Caller holds the text mutex.
 fn trap_set(addr: usize, resume: usize) -> Result<(), Error> {
-    let mut i = trap_hash(addr);
-    for _ in 0..TRAP_SLOTS {
-        let key = TRAPS.keys[i].load(Ordering::Acquire);
-        if key == addr {
-            TRAPS.resume[i].store(resume, Ordering::Release);
-            return Ok(());
-        }
-        if key == 0 {
-            if TRAP_COUNT.load(Ordering::Relaxed) >= TRAP_SLOTS * 3 / 4 {
-                return Err(Error::TooManySites);
-            }
-            // Resume first, key second: a reader that sees the key sees a valid resume address.
-            TRAPS.resume[i].store(resume, Ordering::Release);
-            TRAPS.keys[i].store(addr, Ordering::Release);
-            TRAP_COUNT.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        i = (i + 1) & (TRAP_SLOTS - 1);
-    }
-    Err(Error::TooManySites)
+    TRAPS.set(addr, resume)
 }
 
-/// Async-signal-safe lookup used by the SIGTRAP handler.
 fn trap_get(addr: usize) -> Option<usize> {
-    let mut i = trap_hash(addr);
-    for _ in 0..TRAP_SLOTS {
-        let key = TRAPS.keys[i].load(Ordering::Acquire);
-        if key == addr {
-            return Some(TRAPS.resume[i].load(Ordering::Acquire));
-        }
-        if key == 0 {
-            return None;
-        }
-        i = (i + 1) & (TRAP_SLOTS - 1);
-    }
-    None
+    TRAPS.get(addr)
 }
 
 /// One replacement of the bytes at `addr`.
@@ -124,6 +152,9 @@ pub(crate) struct Poke {
     /// For multi-instruction replacements: (old instruction address, equivalent address in the
     /// relocated copy) for every instruction boundary strictly inside `addr..addr+new.len()`.
     pub interior: Vec<(usize, usize)>,
+    /// When the batch puts original bytes back: the interior boundaries whose moves to
+    /// withdraw once they are valid instructions again.
+    pub restores: Vec<usize>,
 }
 
 fn proc_mem() -> Result<&'static File, Error> {
@@ -141,7 +172,7 @@ fn proc_mem() -> Result<&'static File, Error> {
 
 /// Writes code bytes; the caller guarantees no thread can execute `addr..addr+bytes.len()` in a
 /// way that observes a partial write (int3 guard or single byte).
-fn write_text(addr: usize, bytes: &[u8]) -> Result<(), Error> {
+pub(crate) fn write_text(addr: usize, bytes: &[u8]) -> Result<(), Error> {
     let mem = proc_mem()?;
     mem.write_all_at(bytes, addr as u64)
         .map_err(|e| Error::Patch(format!("writing {} bytes at {addr:#x}: {e}", bytes.len())))
@@ -221,14 +252,30 @@ pub(crate) fn membarrier_all() {
 static OLD_SIGTRAP: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 static TRAP_INSTALLED: AtomicBool = AtomicBool::new(false);
 
+/// `si_code` of the SIGTRAP an `int3` raises on x86_64 (the kernel's `do_int3_user`).
+const SI_KERNEL: libc::c_int = 0x80;
+/// `si_code` of a breakpoint trap as other paths report it.
+const TRAP_BRKPT: libc::c_int = 1;
+
 extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) {
     let uc = uctx.cast::<libc::ucontext_t>();
-    // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler.
-    let rip = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] } as usize;
-    if let Some(resume) = trap_get(rip.wrapping_sub(1)) {
-        // SAFETY: as above; rewriting rip is how a handler redirects the interrupted thread.
-        unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = resume as i64 };
-        return;
+    // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler.
+    let (rip, code) = unsafe {
+        (
+            (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as usize,
+            (*info).si_code,
+        )
+    };
+    // Only a breakpoint trap has executed an int3, whose address is rip-1. A SIGTRAP sent
+    // with kill/tgkill/sigqueue (si_code <= 0) or a single-step trap leaves rip on an
+    // instruction boundary that may even follow one of our sites: never treat it as ours.
+    let int3 = code == SI_KERNEL || code == TRAP_BRKPT;
+    if int3 {
+        if let Some(resume) = trap_get(rip.wrapping_sub(1)) {
+            // SAFETY: as above; rewriting rip is how a handler redirects the interrupted thread.
+            unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = resume as i64 };
+            return;
+        }
     }
     let old = OLD_SIGTRAP.load(Ordering::Acquire);
     if !old.is_null() {
@@ -252,11 +299,19 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mu
             return;
         }
     }
-    // Not ours and no handler: re-run the trapping int3 under the default action (core dump).
-    // SAFETY: resetting a disposition is async-signal-safe; rip-1 is the int3 that trapped.
+    // Not ours and no handler: the default action (terminate with a core dump), as if we had
+    // never been installed.
+    // SAFETY: resetting a disposition and raising are async-signal-safe; for an int3, rip-1
+    // is the int3 that trapped and running it again under SIG_DFL takes the default action.
     unsafe {
         libc::signal(libc::SIGTRAP, libc::SIG_DFL);
-        (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = (rip - 1) as i64;
+        if int3 {
+            (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = (rip - 1) as i64;
+        } else {
+            // A sent signal does not recur by itself; SA_NODEFER leaves SIGTRAP unblocked,
+            // so this one is delivered (under SIG_DFL) as raise returns.
+            libc::raise(libc::SIGTRAP);
+        }
     }
 }
 
@@ -304,13 +359,13 @@ pub(crate) fn rendezvous_signal() -> libc::c_int {
 }
 
 struct RendezvousPlan {
-    /// Sorted (old address, relocated address) pairs for every interior boundary of the batch.
-    moves: Vec<(usize, usize)>,
     /// Thread ids asked to answer, and whether each has answered.
     tids: Vec<(AtomicI32, AtomicBool)>,
 }
 
 static PLAN: AtomicPtr<RendezvousPlan> = AtomicPtr::new(std::ptr::null_mut());
+/// Rendezvous handlers between their load of `PLAN` and their last use of it.
+static IN_RENDEZVOUS: AtomicUsize = AtomicUsize::new(0);
 static MOVED_THREADS: AtomicU32 = AtomicU32::new(0);
 
 /// Number of threads the rendezvous found parked inside a prologue and moved (for tests/stats).
@@ -323,29 +378,33 @@ extern "C" fn on_rendezvous(
     _info: *mut libc::siginfo_t,
     uctx: *mut libc::c_void,
 ) {
-    let plan = PLAN.load(Ordering::Acquire);
-    if plan.is_null() {
-        return; // a late signal from a finished round
-    }
-    // SAFETY: the plan stays alive until every thread it names answered or was ruled out, and
-    // its owner unpublishes it before freeing it; a handler that loaded it before unpublishing is
-    // waited for because it had not answered yet.
-    let plan = unsafe { &*plan };
+    IN_RENDEZVOUS.fetch_add(1, Ordering::SeqCst);
+    // The plan is loaded before MOVES is read: the moves of the round that published this plan
+    // were published before it, so a late handler of an earlier round that answers this
+    // round has also been moved by this round's moves.
+    let plan = PLAN.load(Ordering::SeqCst);
     let uc = uctx.cast::<libc::ucontext_t>();
     // SAFETY: valid ucontext from the kernel.
     let rip = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] } as usize;
-    if let Ok(i) = plan.moves.binary_search_by_key(&rip, |m| m.0) {
+    if let Some(to) = MOVES.get(rip) {
         // SAFETY: redirecting the interrupted thread to the equivalent relocated instruction.
-        unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = plan.moves[i].1 as i64 };
+        unsafe { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = to as i64 };
         MOVED_THREADS.fetch_add(1, Ordering::Relaxed);
     }
-    // SAFETY: gettid has no arguments.
-    let me = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
-    for (tid, answered) in &plan.tids {
-        if tid.load(Ordering::Relaxed) == me {
-            answered.store(true, Ordering::Release);
+    if !plan.is_null() {
+        // SAFETY: the owner frees a plan only after unpublishing it and seeing IN_RENDEZVOUS
+        // at zero, which cannot happen while this handler is between its increment and
+        // decrement (both SeqCst, as is the owner's store and load).
+        let plan = unsafe { &*plan };
+        // SAFETY: gettid has no arguments.
+        let me = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+        for (tid, answered) in &plan.tids {
+            if tid.load(Ordering::Relaxed) == me {
+                answered.store(true, Ordering::Release);
+            }
         }
     }
+    IN_RENDEZVOUS.fetch_sub(1, Ordering::SeqCst);
 }
 
 fn list_threads() -> Vec<i32> {
@@ -360,34 +419,62 @@ fn list_threads() -> Vec<i32> {
     out
 }
 
-/// True when the thread is blocked in the kernel (or gone), so its user rip cannot be inside a
-/// relocatable prologue.
-fn thread_is_parked_in_kernel(tid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) {
-        Err(_) => true, // exited
-        Ok(s) => {
-            let state = s
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next());
-            matches!(state, Some('S' | 'D' | 'T' | 't' | 'Z' | 'X' | 'I'))
+/// Whether a thread that has not answered the rendezvous can be left to answer later: when
+/// it next runs user code it must not execute the new bytes from an old instruction boundary.
+///
+/// A thread that is not running (asleep `S`, in uninterruptible wait `D`, stopped `T`/`t`)
+/// has the rendezvous signal pending; unless it blocks that signal, the kernel delivers it
+/// before the thread executes another user instruction, and the handler then finds its move
+/// in `MOVES`, which stays published while the patch is in place. Its rip may well be inside
+/// a prologue: a thread stopped by SIGSTOP or a debugger, or waiting on a page fault there.
+/// A thread that blocks the signal is accepted only while asleep (`S`) in a system call, where
+/// its rip is after a `syscall` instruction, which no relocated prologue contains. A running
+/// thread (`R`) is waited for.
+fn silent_thread_is_safe(tid: i32) -> bool {
+    let state = match std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) {
+        Err(_) => return true, // exited
+        Ok(s) => s
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next()),
+    };
+    match state {
+        Some('Z' | 'X') => true,
+        Some('S' | 'D' | 'T' | 't' | 'I' | 'P' | 'W' | 'K') => {
+            if !signal_blocked(tid, rendezvous_signal()) {
+                return true;
+            }
+            state == Some('S')
         }
+        _ => false,
     }
 }
 
-fn rendezvous(mut moves: Vec<(usize, usize)>) -> Result<(), Error> {
-    moves.sort_unstable();
+/// Whether `sig` is in the blocked mask of thread `tid` (unknown counts as blocked).
+fn signal_blocked(tid: i32, sig: libc::c_int) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else {
+        return true;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_none_or(|mask| mask & (1u64 << (sig - 1)) != 0)
+}
+
+/// Asks every other thread to run the rendezvous handler, which moves a thread found at one
+/// of the published interior boundaries (`MOVES`) to its relocated copy.
+fn rendezvous() -> Result<(), Error> {
     // SAFETY: gettid/getpid take no arguments.
     let (me, pid) = unsafe { (libc::syscall(libc::SYS_gettid) as i32, libc::getpid()) };
     let tids: Vec<i32> = list_threads().into_iter().filter(|&t| t != me).collect();
     let plan = Box::new(RendezvousPlan {
-        moves,
         tids: tids
             .iter()
             .map(|&t| (AtomicI32::new(t), AtomicBool::new(false)))
             .collect(),
     });
     let plan_ptr = Box::into_raw(plan);
-    PLAN.store(plan_ptr, Ordering::Release);
+    PLAN.store(plan_ptr, Ordering::SeqCst);
     // SAFETY: plan_ptr is live until we free it below.
     let plan = unsafe { &*plan_ptr };
     for (tid, answered) in &plan.tids {
@@ -417,11 +504,9 @@ fn rendezvous(mut moves: Vec<(usize, usize)>) -> Result<(), Error> {
             break;
         }
         let waited = start.elapsed();
-        if waited > Duration::from_millis(50)
-            && pending.iter().all(|&t| thread_is_parked_in_kernel(t))
-        {
-            // Every silent thread is blocked in a syscall (signal blocked): safe, see module doc.
-            // Keep the plan published: when they unblock they may still run the handler.
+        if waited > Duration::from_millis(50) && pending.iter().all(|&t| silent_thread_is_safe(t)) {
+            // Each silent thread runs the handler before its next user instruction (or sits
+            // after a syscall); the moves stay published for it. See silent_thread_is_safe.
             break;
         }
         if waited > Duration::from_secs(2) {
@@ -433,14 +518,18 @@ fn rendezvous(mut moves: Vec<(usize, usize)>) -> Result<(), Error> {
         }
         std::thread::yield_now();
     }
-    // The plan is leaked when some thread may still read it later; it is small.
-    let all_answered = plan.tids.iter().all(|(_, a)| a.load(Ordering::Acquire));
-    PLAN.store(std::ptr::null_mut(), Ordering::Release);
-    if all_answered {
-        // SAFETY: every handler that could hold the pointer has already answered (the answer is
-        // its last access) and the pointer is unpublished.
-        drop(unsafe { Box::from_raw(plan_ptr) });
+    // Unpublish, then free once no handler can still hold the pointer. A handler that stays
+    // inside (its thread stopped mid-handler) makes us leak the plan instead: it is small.
+    PLAN.store(std::ptr::null_mut(), Ordering::SeqCst);
+    let freeing = Instant::now();
+    while IN_RENDEZVOUS.load(Ordering::SeqCst) != 0 {
+        if freeing.elapsed() > Duration::from_millis(100) {
+            return result;
+        }
+        std::thread::yield_now();
     }
+    // SAFETY: unpublished, and no handler is between loading it and its last use.
+    drop(unsafe { Box::from_raw(plan_ptr) });
     result
 }
 
@@ -474,13 +563,20 @@ pub(crate) fn poke_batch(pokes: &[Poke], _guard: &MutexGuard<'static, ()>) -> Re
         armed += 1;
     }
     sync_core();
-    if err.is_none() {
-        let moves: Vec<(usize, usize)> = pokes
-            .iter()
-            .flat_map(|p| p.interior.iter().copied())
-            .collect();
-        if !moves.is_empty() {
-            if let Err(e) = rendezvous(moves) {
+    let moves: Vec<(usize, usize)> = pokes
+        .iter()
+        .flat_map(|p| p.interior.iter().copied())
+        .collect();
+    if err.is_none() && !moves.is_empty() {
+        // Published before any thread is asked, kept for as long as the jmp is in place.
+        for &(old, new) in &moves {
+            if let Err(e) = MOVES.set(old, new) {
+                err = Some(e);
+                break;
+            }
+        }
+        if err.is_none() {
+            if let Err(e) = rendezvous() {
                 err = Some(e);
             }
         }
@@ -490,6 +586,11 @@ pub(crate) fn poke_batch(pokes: &[Poke], _guard: &MutexGuard<'static, ()>) -> Re
             let _ = write_text(p.addr, &[*old]);
         }
         sync_core();
+        // The old bytes are back: their boundaries are valid again (a thread still moved
+        // there later would run the equivalent relocated copy, which is harmless too).
+        for &(old, _) in &moves {
+            let _ = MOVES.set(old, 0);
+        }
         return Err(e);
     }
     // Step 4: the tails.
@@ -506,6 +607,11 @@ pub(crate) fn poke_batch(pokes: &[Poke], _guard: &MutexGuard<'static, ()>) -> Re
     sync_core();
     for p in pokes {
         trap_set(p.addr, p.final_resume)?;
+        // Original bytes are whole again: a thread that resumes at one of these boundaries
+        // now runs them as they are.
+        for &old in &p.restores {
+            MOVES.set(old, 0)?;
+        }
     }
     Ok(())
 }

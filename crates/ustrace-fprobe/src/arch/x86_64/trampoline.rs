@@ -32,6 +32,10 @@
 //! dispatcher and save `xmm0`-`xmm7` (float arguments / return values). Both carry CFI, so a
 //! backtrace taken in a handler walks through them to the real caller. Flags are not preserved
 //! across the entry trampoline (they carry no value at a function boundary).
+//!
+//! Stub memory is mapped read-execute and filled through `/proc/self/mem` (as patched text
+//! is), one write per stub when it is built: no W+X mapping, and no `mprotect` flips that could
+//! race with a thread running an older stub of the same page.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -316,7 +320,7 @@ fn map_chunk_near(target: usize) -> Result<usize, String> {
             libc::mmap(
                 addr as *mut libc::c_void,
                 CHUNK,
-                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+                libc::PROT_READ | libc::PROT_EXEC,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
                 -1,
                 0,
@@ -333,8 +337,10 @@ fn map_chunk_near(target: usize) -> Result<usize, String> {
     Err(format!("could not map trampoline memory near {target:#x}"))
 }
 
-/// Reserves `len` bytes of RWX memory within rel32 reach of `target`. Never freed: a thread may
-/// still execute a stub long after its probe was removed.
+/// Reserves `len` bytes of stub memory within rel32 reach of `target`. Never freed: a thread may
+/// still execute a stub long after its probe was removed. The memory is mapped read-execute
+/// only and written through `/proc/self/mem` like patched text, so no mapping of the process
+/// is ever writable and executable at once.
 pub(crate) fn alloc_code_near(target: usize, len: usize) -> Result<usize, String> {
     let len = (len + 15) & !15;
     let mut chunks = CHUNKS.lock().unwrap_or_else(|e| e.into_inner());
@@ -363,14 +369,9 @@ pub(crate) struct SiteCode {
 
 const ENTRY_STUB_LEN: usize = 32;
 
-/// Analyses `func`, and on success writes its entry stub (bound to `site`) and relocated
+/// Writes the analysed function's entry stub (bound to `site`) and relocated
 /// prologue into fresh stub memory. Nothing is patched yet.
-pub(crate) fn build_site(
-    func: usize,
-    size: Option<usize>,
-    site: usize,
-) -> Result<SiteCode, String> {
-    let prologue = super::insn::analyze(func, size)?;
+pub(crate) fn build_site(prologue: super::insn::Prologue, site: usize) -> Result<SiteCode, String> {
     let mem = alloc_code_near(
         prologue.patch_at,
         ENTRY_STUB_LEN + super::insn::MAX_RELOCATED + 32,
@@ -383,12 +384,10 @@ pub(crate) fn build_site(
     stub.extend_from_slice(&(site as u64).to_le_bytes());
     stub.extend_from_slice(&super::insn::abs_jmp(entry_trampoline()));
     assert!(stub.len() <= ENTRY_STUB_LEN);
-    // SAFETY: both ranges were just carved out of our RWX chunk and nothing executes them until
-    // a later patch publishes them (the patch serialises every core first).
-    unsafe {
-        std::ptr::copy_nonoverlapping(stub.as_ptr(), entry_stub as *mut u8, stub.len());
-        std::ptr::copy_nonoverlapping(relocated.as_ptr(), orig_stub as *mut u8, relocated.len());
-    }
+    // Both ranges were just carved out of a chunk and nothing executes them until a later
+    // patch publishes them (the patch serialises every core first).
+    super::write_code(entry_stub, &stub).map_err(|e| e.to_string())?;
+    super::write_code(orig_stub, &relocated).map_err(|e| e.to_string())?;
     Ok(SiteCode {
         entry_stub,
         orig_stub,
