@@ -79,32 +79,12 @@ fn mounted_at(dir: &Path) -> Option<(String, String)> {
     info.lines().rev().find_map(|line| {
         let (left, right) = line.split_once(" - ")?;
         let target = left.split(' ').nth(4)?;
-        if Path::new(&unescape(target)) != dir {
+        if Path::new(&ustrace_ctl::fuse::unescape_mount_path(target)) != dir {
             return None;
         }
         let mut right = right.split(' ');
         Some((right.next()?.to_owned(), right.next()?.to_owned()))
     })
-}
-
-/// `/proc/self/mountinfo` writes space, tab, newline and backslash as octal escapes.
-fn unescape(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 4 <= b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Checks the mount point as `mount --help` promises, making it when it is missing. Returns

@@ -966,8 +966,9 @@ fn helper_options(options: &[MountOption], acl: SessionACL) -> String {
     out.join(",")
 }
 
-/// `/proc/mounts` writes space, tab, newline and backslash in paths as octal escapes.
-fn unescape_mount_path(field: &str) -> String {
+/// `/proc/mounts` and `/proc/self/mountinfo` write space, tab, newline and backslash in paths
+/// as octal escapes; this gives the path back.
+pub fn unescape_mount_path(field: &str) -> String {
     let mut out = Vec::new();
     let b = field.as_bytes();
     let mut i = 0;

@@ -287,15 +287,5 @@ fn unmounting_ends_a_blocked_reader_cleanly() {
 /// binary, not this one in a hidden role that would count as a test that checks nothing.
 #[test]
 fn every_listed_test_is_a_test() {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--list", "--format", "terse"])
-        .output()
-        .unwrap();
-    let list = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        list.contains("a_killed_mount_server_is_cleaned_up_by_the_next_mount: test"),
-        "{list}"
-    );
-    let roles: Vec<_> = list.lines().filter(|l| l.contains("child")).collect();
-    assert!(roles.is_empty(), "child roles listed as tests: {roles:?}");
+    common::assert_only_tests_listed("a_killed_mount_server_is_cleaned_up_by_the_next_mount");
 }

@@ -389,15 +389,5 @@ fn a_server_that_never_answers_is_reported_as_such() {
 /// binary, not this one in a hidden role that would count as a test that checks nothing.
 #[test]
 fn every_listed_test_is_a_test() {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--list", "--format", "terse"])
-        .output()
-        .unwrap();
-    let list = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        list.contains("a_server_out_of_file_descriptors_answers_with_an_error: test"),
-        "{list}"
-    );
-    let roles: Vec<_> = list.lines().filter(|l| l.contains("child")).collect();
-    assert!(roles.is_empty(), "child roles listed as tests: {roles:?}");
+    common::assert_only_tests_listed("a_server_out_of_file_descriptors_answers_with_an_error");
 }

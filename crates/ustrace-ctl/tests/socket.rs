@@ -620,15 +620,5 @@ fn serve_connection_serves_a_socket_pair() {
 /// once when run by the harness, which would count as a pass that checked nothing.
 #[test]
 fn every_listed_test_is_a_test() {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--list", "--format", "terse"])
-        .output()
-        .unwrap();
-    let list = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        list.contains("socket_is_removed_at_normal_exit: test"),
-        "{list}"
-    );
-    let roles: Vec<_> = list.lines().filter(|l| l.contains("child")).collect();
-    assert!(roles.is_empty(), "child roles listed as tests: {roles:?}");
+    common::assert_only_tests_listed("socket_is_removed_at_normal_exit");
 }

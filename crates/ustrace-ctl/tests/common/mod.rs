@@ -95,3 +95,17 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// Fails if the harness of the test binary running this lists anything but tests, e.g. a
+/// child role that would count as a passing test that checks nothing; `known` is a test the
+/// list must contain, so an empty or broken listing fails too.
+pub fn assert_only_tests_listed(known: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--list", "--format", "terse"])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(list.contains(&format!("{known}: test")), "{list}");
+    let roles: Vec<_> = list.lines().filter(|l| l.contains("child")).collect();
+    assert!(roles.is_empty(), "child roles listed as tests: {roles:?}");
+}
