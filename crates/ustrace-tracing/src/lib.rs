@@ -74,40 +74,45 @@ impl Site {
 
 static SITES: SiteMap<Site> = SiteMap::new();
 
-/// Registers `name` in `system`, or `name_2`, `name_3`, … when it is taken.
-fn register_unique(
-    system: &str,
-    name: &str,
-    layout: &Layout,
-) -> Result<RuntimeEvent, ustrace::Errno> {
+/// The first of `base`, `base_2`, `base_3`, … for which `system` has none of the events
+/// `base` + each suffix (`""` for a callsite event, `_enter` and `_exit` for a span).
+fn free_base(system: &str, base: &str, suffixes: &[&str]) -> String {
+    let registry = ustrace::event::registry();
     let mut n = 1;
     loop {
         let candidate = if n == 1 {
-            name.to_string()
+            base.to_string()
         } else {
-            format!("{name}_{n}")
+            format!("{base}_{n}")
         };
-        let fields = layout.fields.clone();
-        let render_fields = fields.clone();
-        let render_name = candidate.clone();
-        let def = RuntimeEventDef {
-            system: system.into(),
-            name: candidate,
-            fields,
-            print_fmt: layout.print_fmt.clone(),
-            render: Some(Box::new(move |rec, out| {
-                out.push_str(&render_name);
-                out.push_str(": ");
-                record::render(&render_fields, rec, out)
-            })),
-            // Interest is cached per callsite by `tracing`: have it ask again.
-            on_change: Some(Box::new(tracing_core::callsite::rebuild_interest_cache)),
-        };
-        match RuntimeEvent::register(def) {
-            Err(ustrace::Errno::EEXIST) if n < 1000 => n += 1,
-            other => return other,
+        if suffixes
+            .iter()
+            .all(|s| registry.find(system, &format!("{candidate}{s}")).is_none())
+        {
+            return candidate;
         }
+        n += 1;
     }
+}
+
+fn register(system: &str, name: String, layout: &Layout) -> Option<RuntimeEvent> {
+    let fields = layout.fields.clone();
+    let render_fields = fields.clone();
+    let render_name = name.clone();
+    let def = RuntimeEventDef {
+        system: system.into(),
+        name,
+        fields,
+        print_fmt: layout.print_fmt.clone(),
+        render: Some(Box::new(move |rec, out| {
+            out.push_str(&render_name);
+            out.push_str(": ");
+            record::render(&render_fields, rec, out)
+        })),
+        // Interest is cached per callsite by `tracing`: have it ask again.
+        on_change: Some(Box::new(tracing_core::callsite::rebuild_interest_cache)),
+    };
+    RuntimeEvent::register(def).ok()
 }
 
 fn make_site(meta: &'static Metadata<'static>) -> Option<Site> {
@@ -117,8 +122,9 @@ fn make_site(meta: &'static Metadata<'static>) -> Option<Site> {
         let layout = Layout::new(field_names(), true);
         let base = names::sanitize(meta.name());
         let base = if base.is_empty() { "span".into() } else { base };
-        let enter = register_unique(&system, &format!("{base}_enter"), &layout).ok()?;
-        let exit = register_unique(&system, &format!("{base}_exit"), &layout).ok()?;
+        let base = free_base(&system, &base, &["_enter", "_exit"]);
+        let enter = register(&system, format!("{base}_enter"), &layout)?;
+        let exit = register(&system, format!("{base}_exit"), &layout)?;
         Some(Site::Span {
             enter,
             exit,
@@ -126,7 +132,8 @@ fn make_site(meta: &'static Metadata<'static>) -> Option<Site> {
         })
     } else {
         let layout = Layout::new(field_names(), false);
-        let event = register_unique(&system, &names::event_name(meta.name()), &layout).ok()?;
+        let name = free_base(&system, &names::event_name(meta.name()), &[""]);
+        let event = register(&system, name, &layout)?;
         Some(Site::Event { event, layout })
     }
 }

@@ -13,7 +13,7 @@
 //! - A name that starts with a digit gets a leading `_`.
 //! - Two callsites that map to the same `system:name` (one name used twice in a target, or a
 //!   name that an event of the program already has) get `_2`, `_3`, … in the order they
-//!   register.
+//!   register; for spans the number goes before the suffix (`work_2_enter`).
 
 /// Maps every character that cannot be in an identifier to `_`.
 pub fn sanitize(text: &str) -> String {

@@ -97,6 +97,15 @@ mod net {
     }
 }
 
+mod dup {
+    pub fn twice() {
+        tracing::info!(name: "dup", n = 1u64);
+        tracing::info!(name: "dup", n = 2u64);
+        drop(tracing::info_span!("pair"));
+        drop(tracing::info_span!("pair"));
+    }
+}
+
 mod db {
     pub fn query(rows: i64) {
         tracing::debug!(name: "query", target: "db::pool-conn", rows, ratio = 0.75f64, "ran");
@@ -109,7 +118,21 @@ fn callsites_of_two_targets_are_events_with_formats() {
     net::served(200, "/a");
     let line = net::plain();
     db::query(1);
+    dup::twice();
     let available = read("available_events");
+    for event in [
+        "dup",
+        "dup_2",
+        "pair_enter",
+        "pair_exit",
+        "pair_2_enter",
+        "pair_2_exit",
+    ] {
+        assert!(
+            available.contains(&format!("bridge_dup:{event}\n")),
+            "bridge_dup:{event} missing from available_events:\n{available}"
+        );
+    }
     let plain = format!("bridge_net:bridge_{line}");
     for event in ["bridge_net:served", plain.as_str(), "db_pool_conn:query"] {
         assert!(
