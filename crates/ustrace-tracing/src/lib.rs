@@ -60,6 +60,9 @@ enum Site {
         exit: RuntimeEvent,
         layout: Layout,
     },
+    /// One of `tracing-log`'s per-level callsites, which carry every `log` record: each
+    /// record's own target has its event in [`LOG_SITES`].
+    Log,
 }
 
 impl Site {
@@ -68,11 +71,60 @@ impl Site {
         match self {
             Site::Event { event, .. } => event.is_enabled(),
             Site::Span { enter, exit, .. } => enter.is_enabled() || exit.is_enabled(),
+            Site::Log => false,
         }
     }
 }
 
 static SITES: SiteMap<Site> = SiteMap::new();
+
+/// Whether a callsite is one of `tracing-log`'s (or the metadata `LogTracer` builds from a
+/// record, which names the same fields): a `log` record, whose target is its own.
+fn is_log(meta: &Metadata<'_>) -> bool {
+    meta.fields().field("log.target").is_some() && matches!(meta.name(), "log event" | "log record")
+}
+
+/// The events of `log` targets: `log` records have no callsite of their own, so each
+/// target registers `TARGET:log` the first time one of its records is offered, and finds it
+/// here after. Readers take no lock (RCU); a new target copies the map.
+struct LogSites {
+    map: ustrace::rcu::RcuCell<std::collections::HashMap<String, &'static Site>>,
+    writers: std::sync::Mutex<()>,
+}
+
+static LOG_SITES: LogSites = LogSites {
+    map: ustrace::rcu::RcuCell::empty(),
+    writers: std::sync::Mutex::new(()),
+};
+
+impl LogSites {
+    fn get(&self, target: &str) -> Option<&'static Site> {
+        let guard = ustrace::rcu::read_lock();
+        self.map.get(&guard)?.get(target).copied()
+    }
+
+    fn get_or_register(&self, meta: &Metadata<'_>) -> Option<&'static Site> {
+        if let Some(site) = self.get(meta.target()) {
+            return Some(site);
+        }
+        let _writers = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = {
+            let guard = ustrace::rcu::read_lock();
+            self.map.get(&guard).cloned().unwrap_or_default()
+        };
+        if let Some(site) = map.get(meta.target()) {
+            return Some(site);
+        }
+        let system = names::system(meta.target());
+        let layout = Layout::new(meta.fields().iter().map(|f| f.name()), false);
+        let name = free_base(&system, "log", &[""]);
+        let event = register(&system, name, &layout)?;
+        let site: &'static Site = Box::leak(Box::new(Site::Event { event, layout }));
+        map.insert(meta.target().to_string(), site);
+        self.map.replace(Some(map));
+        Some(site)
+    }
+}
 
 /// The first of `base`, `base_2`, `base_3`, … for which `system` has none of the events
 /// `base` + each suffix (`""` for a callsite event, `_enter` and `_exit` for a span).
@@ -116,6 +168,9 @@ fn register(system: &str, name: String, layout: &Layout) -> Option<RuntimeEvent>
 }
 
 fn make_site(meta: &'static Metadata<'static>) -> Option<Site> {
+    if is_log(meta) {
+        return Some(Site::Log);
+    }
     let system = names::system(meta.target());
     let field_names = || meta.fields().iter().map(|f| f.name());
     if meta.is_span() {
@@ -199,11 +254,17 @@ pub struct UstraceFilter;
 
 impl<S> Filter<S> for UstraceFilter {
     fn enabled(&self, meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
-        SITES.get(meta).is_some_and(Site::enabled)
+        if let Some(site) = SITES.get(meta) {
+            return site.enabled();
+        }
+        // `LogTracer` asks with metadata made for the record, which carries its target.
+        is_log(meta) && LOG_SITES.get_or_register(meta).is_some_and(Site::enabled)
     }
 
     fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
         match site(meta) {
+            // Records of every target pass here: `enabled` decides for each.
+            Some(Site::Log) => Interest::sometimes(),
             Some(site) if site.enabled() => Interest::always(),
             _ => Interest::never(),
         }
@@ -222,6 +283,14 @@ where
     UstraceLayer.with_filter(UstraceFilter)
 }
 
+/// A whole subscriber for programs that set up no registry of their own: a
+/// `tracing_subscriber` registry with the ustrace layer and nothing else. Install it with
+/// `tracing::subscriber::set_global_default(ustrace_tracing::subscriber())`.
+pub fn subscriber() -> impl Subscriber + Send + Sync + 'static {
+    use tracing_subscriber::layer::SubscriberExt;
+    tracing_subscriber::registry().with(layer())
+}
+
 /// A span's fields as a built record of its events, kept in the span's extensions.
 struct SpanRecord(Vec<u8>);
 
@@ -230,7 +299,19 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let Some(Site::Event { event: ev, layout }) = SITES.get(event.metadata()) else {
+        let site = match SITES.get(event.metadata()) {
+            // `tracing-log`'s callsites are not always registered with `tracing` (then no
+            // subscriber hears of them): a miss may still be a `log` record.
+            Some(Site::Log) | None => {
+                use tracing_log::NormalizeEvent;
+                let Some(meta) = event.normalized_metadata() else {
+                    return;
+                };
+                LOG_SITES.get(meta.target())
+            }
+            site => site,
+        };
+        let Some(Site::Event { event: ev, layout }) = site else {
             return;
         };
         if !ev.is_enabled() {

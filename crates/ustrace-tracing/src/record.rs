@@ -16,6 +16,7 @@
 //! so `status >= 500` and `path ~ "/api/*"` (on `path_str`) both filter as they would on a
 //! kernel event. A field a call leaves out reads 0 and no bytes. The field named `message`
 //! (what `info!("...")` records) is always text and has only `__data_loc char[] message`.
+//! Field names are sanitized as event names are (`http.method` → `http_method`).
 //! Every record starts with `int level` (1 ERROR, 2 WARN, 3 INFO, 4 DEBUG, 5 TRACE, so
 //! `level <= 2` keeps warnings and errors); span events then have `u64 span_id`.
 //!
@@ -100,7 +101,7 @@ impl Layout {
                 continue;
             }
             end = align_up(end, 8);
-            fields.push(desc((*name).into(), "s64", end, 8, true));
+            fields.push(desc(crate::names::sanitize(name), "s64", end, 8, true));
             nums[i] = end;
             end += 8;
         }
@@ -109,7 +110,7 @@ impl Layout {
                 Some((at, loc)) if at == i => slots[i] = Slot::Message { loc },
                 _ => {
                     fields.push(desc(
-                        format!("{name}_str"),
+                        format!("{}_str", crate::names::sanitize(name)),
                         "__data_loc char[]",
                         end,
                         4,

@@ -1,12 +1,10 @@
-//! With ustrace the only subscriber, a callsite costs nothing while its event is off:
+//! With ustrace the only subscriber (`ustrace_tracing::subscriber()`), a callsite costs nothing while its event is off:
 //! `tracing`'s cached interest is `never`, becomes `always` when an instance enables the
 //! event from tracefs, and `never` again when it is disabled.
 
 use tracing_core::callsite::DefaultCallsite;
 use tracing_core::field::Value;
 use tracing_core::{Kind, Level, Metadata};
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
 use ustrace::{FileSystem, OpenFlags};
 
 static META: Metadata<'static> = tracing_core::metadata! {
@@ -49,9 +47,10 @@ fn hit(n: u64) {
 
 #[test]
 fn interest_follows_the_enable_file() {
-    tracing_subscriber::registry()
-        .with(ustrace_tracing::layer())
-        .init();
+    tracing_core::dispatcher::set_global_default(tracing_core::Dispatch::new(
+        ustrace_tracing::subscriber(),
+    ))
+    .unwrap();
     assert!(
         CALLSITE.interest().is_never(),
         "off before anything is enabled"
