@@ -31,6 +31,10 @@
 //!   span's fields, which are recorded when the span is created (and updated by
 //!   `Span::record`) into the span's extensions. A span created while both events were off
 //!   produces neither, even if they are turned on during its life.
+//! - `log` records (with `tracing_log::LogTracer` installed) become `TARGET:log`, one event
+//!   per `log` target, registered on the target's first record, with the record's
+//!   `log.module_path`, `log.file` and `log.line` as fields.
+//! - Programs without a registry of their own install [`subscriber`].
 
 pub mod names;
 pub mod record;

@@ -198,6 +198,23 @@ fn enable_filter_and_trigger_work_on_a_callsite() {
     )
     .unwrap();
     t.write("tracing_on", "1").unwrap();
+    t.write(
+        "events/bridge_net/served/trigger",
+        "stacktrace if status == 503",
+    )
+    .unwrap();
+    net::served(503, "/api/again");
+    let trace = t.read("trace");
+    assert!(
+        trace.contains("<stack trace>") && trace.contains("=> "),
+        "no stack after the triggering event:\n{trace}"
+    );
+    t.write(
+        "events/bridge_net/served/trigger",
+        "!stacktrace if status == 503",
+    )
+    .unwrap();
+    t.write("trace", "").unwrap();
 
     // Floats, signed integers and level: another event, filtered on its level.
     t.write("events/db_pool_conn/query/filter", "level == 4 && rows < 0")
@@ -206,11 +223,11 @@ fn enable_filter_and_trigger_work_on_a_callsite() {
     db::query(5);
     db::query(-2);
     let lines = t.lines();
-    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
     assert!(
-        lines[1].contains("query: DEBUG ran rows=-2 ratio=0.75"),
+        lines[0].contains("query: DEBUG ran rows=-2 ratio=0.75"),
         "{}",
-        lines[1]
+        lines[0]
     );
 }
 
