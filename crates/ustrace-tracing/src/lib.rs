@@ -111,6 +111,12 @@ impl LogSites {
         if let Some(site) = self.get(meta.target()) {
             return Some(site);
         }
+        // Publishing the new map waits for a grace period, which a record logged from inside
+        // a read-side section (a tracepoint probe) would never see end: such a target's
+        // first record is dropped, and a later one registers it.
+        if ustrace::rcu::in_read_section() {
+            return None;
+        }
         let _writers = self.writers.lock().unwrap_or_else(|e| e.into_inner());
         let mut map = {
             let guard = ustrace::rcu::read_lock();

@@ -66,4 +66,15 @@ fn log_records_are_events_of_their_target() {
     log::info!(target: "legacy::db", "query after");
     assert_eq!(lines("instances/logs/trace").len(), 1);
     ustrace::tracefs().rmdir("instances/logs").unwrap();
+
+    // A new target's first record logged inside an RCU read-side section (as from a
+    // tracepoint probe) cannot wait for the grace period registering needs: it is dropped,
+    // and the next record registers the target.
+    {
+        let _reader = ustrace::rcu::read_lock();
+        log::info!(target: "inside::rcu", "first");
+    }
+    assert!(!read("available_events").contains("inside_rcu:log\n"));
+    log::info!(target: "inside::rcu", "second");
+    assert!(read("available_events").contains("inside_rcu:log\n"));
 }
