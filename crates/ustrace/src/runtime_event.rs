@@ -182,3 +182,85 @@ impl EventClass for RuntimeClass {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::FieldKind;
+    use std::sync::atomic::AtomicUsize;
+
+    static CHANGES: AtomicUsize = AtomicUsize::new(0);
+
+    /// The trace lines of an instance.
+    fn lines(instance: &crate::trace::Instance) -> usize {
+        use ustrace_ctl::vfs::{FileSystem, OpenFlags};
+        let path = format!("instances/{}/trace", instance.name);
+        let mut file = crate::tracefs().open(&path, OpenFlags::READ).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = file.read(&mut buf, None).unwrap();
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&out);
+        text.lines().filter(|l| !l.starts_with('#')).count()
+    }
+
+    #[test]
+    fn an_instance_that_enables_the_event_gets_its_records() {
+        let event = RuntimeEvent::register(RuntimeEventDef {
+            system: "rt_test".into(),
+            name: "one".into(),
+            fields: vec![FieldDesc {
+                name: "v".into(),
+                c_type: "u64".into(),
+                offset: 8,
+                size: 8,
+                signed: false,
+                kind: FieldKind::Int,
+            }],
+            print_fmt: "\"v=%llu\", REC->v".into(),
+            render: None,
+            on_change: Some(Box::new(|| {
+                CHANGES.fetch_add(1, Ordering::SeqCst);
+            })),
+        })
+        .unwrap();
+        let write = |v: u64| {
+            event.emit(16, |rec| rec[8..16].copy_from_slice(&v.to_ne_bytes()));
+        };
+        let on = tracing().create_instance("rt_test_on").unwrap();
+        let off = tracing().create_instance("rt_test_off").unwrap();
+        assert!(!event.is_enabled());
+        write(1);
+        let file = on.file(event.id()).unwrap();
+        file.set_enabled(true).unwrap();
+        assert!(event.is_enabled());
+        assert_eq!(CHANGES.load(Ordering::SeqCst), 1);
+        write(2);
+        file.set_enabled(false).unwrap();
+        assert!(!event.is_enabled());
+        assert_eq!(CHANGES.load(Ordering::SeqCst), 2);
+        write(3);
+        assert_eq!(lines(&on), 1);
+        assert_eq!(lines(&off), 0);
+        assert_eq!(
+            RuntimeEvent::register(RuntimeEventDef {
+                system: "rt_test".into(),
+                name: "one".into(),
+                fields: Vec::new(),
+                print_fmt: "\"\"".into(),
+                render: None,
+                on_change: None,
+            })
+            .err(),
+            Some(Errno::EEXIST)
+        );
+        drop((on, off));
+        tracing().remove_instance("rt_test_on").unwrap();
+        tracing().remove_instance("rt_test_off").unwrap();
+    }
+}
