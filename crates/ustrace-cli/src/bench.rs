@@ -10,6 +10,11 @@
 //!   reserve/copy/commit, the clock loop this loop plus one clock read.
 //! - `index_loop_2threads`: two threads running `index_loop`, started and joined as the two
 //!   ring-buffer writers are, so thread start-up is in both.
+//! - `tracing_no_subscriber`: `add_loop` plus a `tracing::info!` with three integer fields,
+//!   timed before any `tracing` subscriber is installed. `tracing_event_off` is the same
+//!   loop with the ustrace layer installed and the callsite's event off;
+//!   `tracing_event_3fields` with it recording (baseline `add_loop`), and beside it, as
+//!   `fmt_layer_ns`, the same event through `tracing-subscriber`'s fmt layer into a sink.
 //!
 //! Only completed operations count. After each loop the bench checks that every operation
 //! did its work: the buffer recorded exactly one event per call where one is expected (none
@@ -17,7 +22,8 @@
 //! no fprobe call was missed, every writer thread finished, every probe came off. Otherwise the
 //! bench fails with the reason instead of reporting a figure for work that did not happen.
 //!
-//! JSON names are an interface: [`NAMES`]; `ring_buffer_write_32b_2threads` adds `scaling`.
+//! JSON names are an interface: [`NAMES`]; `ring_buffer_write_32b_2threads` adds `scaling`,
+//! `tracing_event_3fields` adds `fmt_layer_ns`.
 //! `--filter` takes one of them or a glob over them (`fprobe*`); a filter that matches no name
 //! is an error. `clock_local_read` is the default trace clock alone (a TSC read scaled to ns):
 //! every event write pays it, so it is the floor under `ring_buffer_write_32b`.
@@ -32,7 +38,7 @@ use ustrace::{FileSystem, OpenFlags};
 use ustrace_ringbuf::{clock::Clock, Config, RingBuffer};
 
 /// Every figure the bench reports, in the order it reports them.
-pub const NAMES: [&str; 14] = [
+pub const NAMES: [&str; 16] = [
     "tracepoint_off",
     "tracepoint_off_load",
     "tracepoint_noop_probe",
@@ -47,6 +53,8 @@ pub const NAMES: [&str; 14] = [
     "ring_buffer_write_32b",
     "ring_buffer_write_32b_2threads",
     "clock_local_read",
+    "tracing_event_off",
+    "tracing_event_3fields",
 ];
 
 #[derive(clap::Args)]
@@ -263,6 +271,104 @@ fn string16_loop(n: u64) {
     black_box(acc);
 }
 
+/// The `tracing` event of the `tracing_*` figures: three integers.
+#[inline(never)]
+fn tracing3_loop(n: u64) {
+    let mut acc = 0u64;
+    for i in 0..n {
+        acc = acc.wrapping_add(black_box(i));
+        tracing::info!(name: "fields3", a = i, b = acc, c = 7u64);
+    }
+    black_box(acc);
+}
+
+/// The same event at a callsite of its own, for the fmt layer, so that its dispatcher does
+/// not change the interest of the callsite ustrace is measured on.
+#[inline(never)]
+fn tracing3_fmt_loop(n: u64) {
+    let mut acc = 0u64;
+    for i in 0..n {
+        acc = acc.wrapping_add(black_box(i));
+        tracing::info!(name: "fields3", a = i, b = acc, c = 7u64);
+    }
+    black_box(acc);
+}
+
+/// The ustrace `tracing` figures. The layer becomes the process's global subscriber, so
+/// they run after every other figure.
+fn tracing_figures(
+    n: u64,
+    reps: usize,
+    wanted: &dyn Fn(&str) -> bool,
+    baselines: &mut Baselines,
+    push: &mut dyn FnMut(&'static str, f64, &'static str, Option<(&'static str, f64)>),
+) -> Result<(), String> {
+    use tracing_subscriber::layer::SubscriberExt;
+    // Timed first: once a subscriber is installed, the callsite is never without one again.
+    let none = time_per_op(n, reps, infallible(tracing3_loop))?.ns_per_op;
+    baselines.timed.push(("tracing_no_subscriber", none));
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(ustrace_tracing::layer()),
+    )
+    .map_err(|e| format!("tracing: {e}"))?;
+    if wanted("tracing_event_off") {
+        let t = time_per_op(n, reps, infallible(tracing3_loop))?;
+        push(
+            "tracing_event_off",
+            t.ns_per_op,
+            "tracing_no_subscriber",
+            None,
+        );
+    }
+    if wanted("tracing_event_3fields") {
+        let instance = "ustrace-bench-tracing";
+        let _ = tracing().remove_instance(instance);
+        tracing()
+            .create_instance(instance)
+            .map_err(|e| format!("mkdir instances/{instance}: {e}"))?;
+        let inst = tracing()
+            .instance(instance)
+            .ok_or("bench instance vanished")?;
+        let path = |p: &str| format!("instances/{instance}/{p}");
+        set(&path("buffer_size_kb"), "4096\n")?;
+        // Without a subscriber `tracing` skipped the callsite at its level check, so it may
+        // not be registered yet: one pass registers it (and records nothing, it is off).
+        tracing3_loop(1);
+        // The system is the target, `ustrace::bench` here.
+        let enable = path("events/ustrace_bench/fields3/enable");
+        set(&enable, "1\n")?;
+        let ns = time_recorded(
+            "tracing_event_3fields",
+            inst.buffer(),
+            1,
+            n,
+            reps,
+            infallible(tracing3_loop),
+        );
+        set(&enable, "0\n")?;
+        drop(inst);
+        tracing()
+            .remove_instance(instance)
+            .map_err(|e| format!("rmdir instances/{instance}: {e}"))?;
+        let ns = ns?;
+        let fmt = tracing_subscriber::fmt()
+            .with_writer(std::io::sink)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        let fmt_ns = tracing::subscriber::with_default(fmt, || {
+            time_per_op(n / 10 + 1, reps, infallible(tracing3_fmt_loop))
+        })?
+        .ns_per_op;
+        push(
+            "tracing_event_3fields",
+            ns,
+            "add_loop",
+            Some(("fmt_layer_ns", fmt_ns)),
+        );
+    }
+    Ok(())
+}
+
 /// The function the fprobe figures probe; its unprobed calls are their baseline.
 #[no_mangle]
 #[inline(never)]
@@ -434,6 +540,8 @@ impl Baselines {
             "add_loop" => time_per_op(self.n, self.reps, infallible(add_loop))?.ns_per_op,
             "call_loop" => time_per_op(self.n, self.reps, infallible(call_loop))?.ns_per_op,
             "index_loop" => time_per_op(self.n, self.reps, infallible(index_loop))?.ns_per_op,
+            // Timed by `tracing_figures` itself, before it installs the layer.
+            "tracing_no_subscriber" => return Err("tracing_no_subscriber was not timed".into()),
             "index_loop_2threads" => {
                 let mut samples = Vec::with_capacity(self.reps);
                 for _ in 0..self.reps {
@@ -659,6 +767,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         push("clock_local_read", t.ns_per_op, "index_loop", None);
     }
 
+    if wanted("tracing_event_off") || wanted("tracing_event_3fields") {
+        tracing_figures(n, reps, &wanted, &mut baselines, &mut push)?;
+    }
+
     figures.sort_by_key(|f| NAMES.iter().position(|n| *n == f.0));
     let figures = figures
         .into_iter()
@@ -704,7 +816,11 @@ fn print(figures: &[Figure], json: bool, reps: usize, n: u64) {
         for f in figures {
             let extra = f
                 .extra
-                .map(|(k, v)| format!("  {k} {v:.2}x"))
+                .map(|(k, v)| {
+                    // A ratio reads as one; `*_ns` extras are times.
+                    let unit = if k.ends_with("_ns") { "" } else { "x" };
+                    format!("  {k} {v:.2}{unit}")
+                })
                 .unwrap_or_default();
             outln!(
                 "{:<34} {:>10.2} {:>12.2} {:>8.2}  {}{extra}",

@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-const NAMES: [&str; 14] = [
+const NAMES: [&str; 16] = [
     "tracepoint_off",
     "tracepoint_off_load",
     "tracepoint_noop_probe",
@@ -21,6 +21,8 @@ const NAMES: [&str; 14] = [
     "fprobe_event_2args",
     "eprobe_on_event",
     "clock_local_read",
+    "tracing_event_off",
+    "tracing_event_3fields",
 ];
 
 #[test]
@@ -62,7 +64,14 @@ fn bench_json_prints_every_named_figure() {
         }
         let baseline = baseline_of(line);
         assert!(
-            ["add_loop", "call_loop", "index_loop", "index_loop_2threads"].contains(&baseline),
+            [
+                "add_loop",
+                "call_loop",
+                "index_loop",
+                "index_loop_2threads",
+                "tracing_no_subscriber"
+            ]
+            .contains(&baseline),
             "{name}: baseline {baseline:?} in {line}"
         );
         assert!(line.ends_with('}'), "{line}");
@@ -72,6 +81,11 @@ fn bench_json_prints_every_named_figure() {
         .find(|l| l.contains("\"ring_buffer_write_32b_2threads\""))
         .unwrap();
     assert!(scaling.contains("\"scaling\": "), "{scaling}");
+    let beside = text
+        .lines()
+        .find(|l| l.contains("\"tracing_event_3fields\""))
+        .unwrap();
+    assert!(beside.contains("\"fmt_layer_ns\": "), "{beside}");
 }
 
 /// The `"baseline": "..."` of one JSON line.

@@ -103,6 +103,7 @@ pub mod marker;
 pub mod options;
 pub mod output;
 pub mod rcu;
+pub mod runtime_event;
 pub mod set_event;
 pub mod setup;
 pub mod snapshot;
