@@ -38,13 +38,18 @@ pub type ChangeHook = Box<dyn Fn() + Send + Sync>;
 
 /// What a source says about an event it registers.
 pub struct RuntimeEventDef {
+    /// The system (the `events/` directory the event lives in).
     pub system: String,
+    /// The event's name within its system.
     pub name: String,
     /// The event's own fields, offsets from the record start (the common header is 8 bytes).
     pub fields: Vec<FieldDesc>,
     /// The `print fmt:` text of the `format` file.
     pub print_fmt: String,
+    /// Renders the line text instead of the print format, where given.
     pub render: Option<Renderer>,
+    /// Told when the set of instances recording the event changes (e.g. to rebuild a
+    /// `tracing` callsite's interest).
     pub on_change: Option<ChangeHook>,
 }
 
@@ -85,14 +90,17 @@ impl RuntimeEvent {
         })
     }
 
+    /// The event's id (its `id` file).
     pub fn id(&self) -> EventId {
         self.id
     }
 
+    /// The event's system.
     pub fn system(&self) -> &str {
         &self.class.def.system
     }
 
+    /// The event's name.
     pub fn name(&self) -> &str {
         &self.class.def.name
     }
