@@ -120,8 +120,9 @@ fn capture_cost() {
     }
     let per = t.elapsed().as_nanos() as f64 / iters as f64;
     eprintln!("stack::capture of {n} frames: {per:.0} ns");
-    // Generous bound: catches a lock convoy or a syscall per frame, not noise.
-    assert!(per < 200_000.0, "{per} ns");
+    // Printed, not asserted: speed is a benchmark's business. The walk must still see the
+    // chain it runs in.
+    assert!(n >= 3, "{n} frames");
 }
 
 #[test]

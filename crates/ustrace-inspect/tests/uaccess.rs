@@ -246,6 +246,8 @@ fn fault_free_read_costs_nanoseconds() {
     }
     let syscall_ns = t.elapsed().as_nanos() as f64 / n as f64;
     eprintln!("read_u64: {best:.1} ns/read (process_vm_readv: {syscall_ns:.0} ns/read)");
+    // Only the comparison is asserted: a read that entered the kernel would cost what the
+    // syscall path costs. Absolute figures belong to benchmarks (a loaded CI machine has
+    // read 224 ns here in a debug build).
     assert!(best < syscall_ns / 2.0, "{best} vs {syscall_ns}");
-    assert!(best < 100.0, "{best} ns");
 }
