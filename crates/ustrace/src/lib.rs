@@ -94,6 +94,7 @@
 
 #![warn(missing_docs)]
 
+pub mod buffers;
 pub mod cpumask;
 pub mod dynevent;
 pub mod dynevent_cmd;
@@ -106,6 +107,7 @@ pub mod rcu;
 pub mod set_event;
 pub mod setup;
 pub mod snapshot;
+pub mod stage;
 pub mod thread;
 pub mod trace;
 pub mod tracefs;

@@ -18,6 +18,7 @@
 //! once; instances keep one [`EventFile`] per event.
 
 pub mod field;
+pub(crate) mod id;
 mod macros;
 pub mod registry;
 
