@@ -20,6 +20,7 @@
 pub mod field;
 pub(crate) mod id;
 mod macros;
+pub mod print_fmt;
 pub mod registry;
 
 use std::sync::Arc;

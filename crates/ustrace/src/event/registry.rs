@@ -7,8 +7,8 @@
 use std::sync::{Arc, OnceLock, RwLock};
 
 use super::field::{common_fields, FieldDesc};
+use super::print_fmt::PrintFmt;
 use super::{EventClass, MarkerEvent, StackEvent, UserStackEvent, EVENTS};
-use crate::output::print_fmt::PrintFmt;
 
 pub use super::id::{EventId, MARKER_ID, STACK_ID, USER_STACK_ID};
 

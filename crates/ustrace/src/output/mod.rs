@@ -15,7 +15,7 @@
 //! once overwriting lost some), `raw`, `hex`, `bin`, `sym-offset`, `sym-addr`. Lost
 //! events print as `CPU:N [LOST M EVENTS]` before the first event that follows them.
 
-pub mod print_fmt;
+pub use crate::event::print_fmt;
 
 use std::fmt::Write;
 use std::sync::OnceLock;
