@@ -6,8 +6,10 @@
 //! before). Thread creation is seen by wrapping `pthread_create` (see [`pthread_create`]).
 //!
 //! The language itself is `ustrace_filter`: a write compiles once into a flat program that
-//! runs on the record without a lock or an allocation. This module binds programs to event
-//! files, keeps the text each `filter` file shows, and logs errors as the kernel does.
+//! runs on the record without a lock or an allocation; that program is the filter stage
+//! ([`crate::stage::filter`]), which sees only the record. This module is the command floor
+//! above it: it binds programs to event files, applies subsystem filters and the pid lists
+//! to an instance, keeps the text each `filter` file shows, and logs errors as the kernel does.
 //!
 //! A rejected write removes the event's filter, as the kernel's does (checked on 6.18 with
 //! recorded events): every event passes from then on, and the file shows the error. Only a
@@ -16,11 +18,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use ustrace_ctl::vfs::Errno;
-use ustrace_filter::{CompileEnv, Context, Field, Program};
-
 use crate::event::Event;
+use crate::stage::filter::compile;
 use crate::trace::{EventFile, Instance};
+use ustrace_ctl::vfs::Errno;
+
+pub use crate::buffers::PidLists;
+pub use crate::stage::filter::Compiled;
 
 /// What `filter` shows for an event with none.
 pub const NONE: &str = "none\n";
@@ -31,46 +35,14 @@ pub const SYSTEM_HEADER: &str = "### global filter ###\n\
 # Only events with the given fields will be affected.\n\
 # If no events are modified, an error message will be displayed here\n";
 
-/// Resolves a function name to its address range, for `.function` filters.
-fn function_range(name: &str) -> Option<std::ops::Range<u64>> {
-    let inventory = ustrace_inspect::symbols::inventory();
-    let symbol = inventory.find(name).into_iter().next()?;
-    Some(symbol.addr as u64..(symbol.addr + symbol.size) as u64)
-}
-
-fn function_containing(addr: u64) -> Option<std::ops::Range<u64>> {
-    let inventory = ustrace_inspect::symbols::inventory();
-    let (symbol, _) = inventory.lookup(addr as usize)?;
-    Some(symbol.addr as u64..(symbol.addr + symbol.size) as u64)
-}
-
-/// Compiles `text` against `event`'s fields.
-fn compile(event: &Event, text: &str) -> Result<Program, ustrace_filter::FilterError> {
-    let all = event.all_fields();
-    let fields: Vec<Field<'_>> = all
-        .iter()
-        .map(|f| Field {
-            name: &f.name,
-            c_type: &f.c_type,
-            offset: f.offset,
-            size: f.size,
-            signed: f.signed,
-        })
-        .collect();
-    let env = CompileEnv {
-        resolve_function: Some(&function_range),
-        resolve_address: Some(&function_containing),
-        ..CompileEnv::default()
-    };
-    ustrace_filter::compile(text, &fields, &env)
-}
-
 /// Compiles a trigger's `if` filter; an error is logged as the kernel logs it.
 pub fn compile_for(instance: &Instance, event: &Event, text: &str) -> Result<Compiled, Errno> {
-    compile(event, text).map(Compiled::new).map_err(|e| {
-        log(instance, &e, text);
-        Errno(e.errno())
-    })
+    compile(&event.all_fields(), text)
+        .map(Compiled::new)
+        .map_err(|e| {
+            log(instance, &e, text);
+            Errno(e.errno())
+        })
 }
 
 fn log(instance: &Instance, error: &ustrace_filter::FilterError, text: &str) {
@@ -83,85 +55,6 @@ fn log(instance: &Instance, error: &ustrace_filter::FilterError, text: &str) {
     }
     let (first, rest) = error.error_log_entry(text);
     instance.log_error_text(&format!("{first}\n{rest}\n"));
-}
-
-thread_local! {
-    static COMM: std::cell::Cell<([u8; 16], bool)> = const { std::cell::Cell::new(([0; 16], false)) };
-}
-
-fn current_comm_bytes() -> [u8; 16] {
-    COMM.with(|c| {
-        let (bytes, known) = c.get();
-        if known {
-            return bytes;
-        }
-        let name = crate::thread::current_comm();
-        let mut bytes = [0u8; 16];
-        let n = name.len().min(15);
-        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
-        c.set((bytes, true));
-        bytes
-    })
-}
-
-fn read_user_string(addr: u64, buf: &mut [u8]) -> Option<usize> {
-    ustrace_inspect::uaccess::read_str(addr as usize, buf).ok()
-}
-
-/// Whether `record` passes `program`, with this thread's CPU and name as context.
-/// A compiled filter and what it needs from outside the record, decided once.
-pub struct Compiled {
-    program: Program,
-    needs_comm: bool,
-    needs_cpu: bool,
-}
-
-impl Compiled {
-    /// Wraps a compiled program, noting once whether it reads `comm` or `cpu`.
-    pub fn new(program: Program) -> Compiled {
-        Compiled {
-            needs_comm: program.needs_comm(),
-            needs_cpu: program.needs_cpu(),
-            program,
-        }
-    }
-
-    /// The filter as written, as the `filter` file shows it.
-    pub fn text(&self) -> &str {
-        self.program.text()
-    }
-
-    /// Whether `record` passes, with this thread's CPU and name as context; those are
-    /// looked up only when the program names them.
-    #[inline]
-    pub fn matches(&self, record: &[u8]) -> bool {
-        // An integer-only filter needs neither the CPU nor the comm.
-        match self.program.matches_fields_only(record) {
-            Some(m) => m,
-            None => self.matches_in_context(record),
-        }
-    }
-
-    #[inline(never)]
-    fn matches_in_context(&self, record: &[u8]) -> bool {
-        let comm = if self.needs_comm {
-            current_comm_bytes()
-        } else {
-            [0; 16]
-        };
-        let cpu = if self.needs_cpu {
-            ustrace_ringbuf::cpu::current_cpu() as u32
-        } else {
-            0
-        };
-        let ctx = Context {
-            cpu,
-            comm: &comm,
-            read_str: Some(&read_user_string),
-        };
-        // `matches` has already tried the integer-only walk.
-        self.program.matches_steps(record, &ctx)
-    }
 }
 
 /// What an event's `filter` file shows.
@@ -180,7 +73,7 @@ pub fn write_event(instance: &Instance, file: &EventFile, text: &str) -> Result<
         file.set_filter(None, None);
         return Ok(());
     }
-    match compile(&file.event, text) {
+    match compile(&file.event.all_fields(), text) {
         Ok(program) => {
             let shown = format!("{}\n", program.text());
             file.set_filter(Some(Compiled::new(program)), Some(shown));
@@ -223,7 +116,7 @@ pub fn write_system(instance: &Instance, system: &str, text: &str) -> Result<(),
         return Ok(());
     }
     for file in &files {
-        match compile(&file.event, text) {
+        match compile(&file.event.all_fields(), text) {
             Ok(program) => {
                 let shown = format!("{}\n", program.text());
                 file.set_filter(Some(Compiled::new(program)), Some(shown));
@@ -239,29 +132,6 @@ pub fn write_system(instance: &Instance, system: &str, text: &str) -> Result<(),
     // even when no event took the filter (observed on 6.18).
     instance.set_system_filter_text(system, Some(String::new()));
     Ok(())
-}
-
-/// The thread ids `set_event_pid` and `set_event_notrace_pid` hold.
-#[derive(Clone, Default, Debug)]
-pub struct PidLists {
-    /// `set_event_pid`: when not empty, only these threads are traced (sorted).
-    pub trace: Vec<i32>,
-    /// `set_event_notrace_pid`: these threads are never traced (sorted).
-    pub notrace: Vec<i32>,
-}
-
-impl PidLists {
-    /// Whether an event of thread `tid` is kept out of the trace.
-    #[inline]
-    pub fn ignores(&self, tid: i32) -> bool {
-        (!self.trace.is_empty() && self.trace.binary_search(&tid).is_err())
-            || self.notrace.binary_search(&tid).is_ok()
-    }
-
-    /// Whether neither list has a thread, so no event is kept out by thread.
-    pub fn is_empty(&self) -> bool {
-        self.trace.is_empty() && self.notrace.is_empty()
-    }
 }
 
 /// Parses the ids of a `set_event_pid` write; nothing is applied unless all parse.
@@ -286,6 +156,7 @@ pub fn pids_text(pids: &[i32]) -> String {
 pub fn write_pids(instance: &Arc<Instance>, notrace: bool, data: &[u8]) -> Result<(), Errno> {
     let new = parse_pids(data)?;
     install_fork_handlers();
+    crate::thread::on_thread_exit(forget_exited_thread);
     if !notrace && !new.is_empty() {
         PID_LISTS_USED.store(true, Ordering::Relaxed);
     }
@@ -328,38 +199,20 @@ fn add_pid(instance: &Instance, tid: i32) {
     });
 }
 
-thread_local! {
-    /// Dropped when the thread exits: takes the thread out of `set_event_pid` of the
-    /// instances with `event-fork` on, as the kernel does when a listed task exits.
-    static EXIT_WATCH: ExitWatch = const { ExitWatch };
-}
-
-struct ExitWatch;
-
-impl Drop for ExitWatch {
-    fn drop(&mut self) {
-        if !PID_LISTS_USED.load(Ordering::Relaxed) {
-            return;
-        }
-        // SAFETY: gettid has no arguments and cannot fail.
-        let tid = unsafe { libc::gettid() };
-        let Some(tracing) = crate::trace::existing_tracing() else {
-            return;
-        };
-        for instance in tracing.all() {
-            if instance.options.get("event-fork")
-                && instance.pids().trace.binary_search(&tid).is_ok()
-            {
-                instance.update_pids(|lists| lists.trace.retain(|&t| t != tid));
-            }
+/// Takes an exited thread out of `set_event_pid` of the instances with `event-fork` on, as
+/// the kernel does when a listed task exits; [`crate::thread`] calls it as a thread ends.
+fn forget_exited_thread(tid: i32) {
+    if !PID_LISTS_USED.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(tracing) = crate::trace::existing_tracing() else {
+        return;
+    };
+    for instance in tracing.all() {
+        if instance.options.get("event-fork") && instance.pids().trace.binary_search(&tid).is_ok() {
+            instance.update_pids(|lists| lists.trace.retain(|&t| t != tid));
         }
     }
-}
-
-/// Makes the calling thread's exit take it out of the pid lists (see [`ExitWatch`]);
-/// called once per thread, off the data path (a thread's first event, thread start).
-pub(crate) fn watch_thread_exit() {
-    let _ = EXIT_WATCH.try_with(|_| ());
 }
 
 type StartRoutine = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
@@ -397,7 +250,7 @@ extern "C" fn followed_thread_start(data: *mut libc::c_void) -> *mut libc::c_voi
     for instance in start.instances.iter().filter_map(std::sync::Weak::upgrade) {
         add_pid(&instance, tid);
     }
-    watch_thread_exit();
+    crate::thread::watch_exit();
     (start.start)(start.arg)
 }
 

@@ -94,6 +94,7 @@
 
 #![warn(missing_docs)]
 
+pub mod buffers;
 pub mod cpumask;
 pub mod dynevent;
 pub mod dynevent_cmd;
@@ -107,6 +108,7 @@ pub mod runtime_event;
 pub mod set_event;
 pub mod setup;
 pub mod snapshot;
+pub mod stage;
 pub mod thread;
 pub mod trace;
 pub mod tracefs;

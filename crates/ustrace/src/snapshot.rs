@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
 
-use crate::trace::{Instance, Shared};
+use crate::trace::Instance;
 use crate::tracefs::files::{parse_ulong, TextFile};
 
 const NOT_ALLOCATED: &str = "# *** SNAPSHOT NOT ALLOCATED ***\n";
@@ -40,33 +40,6 @@ fn render(instance: &Instance) -> Vec<u8> {
     out
 }
 
-/// Allocates the snapshot buffer if there is none, shaped like the live one.
-pub(crate) fn allocate(shared: &Shared) -> Result<(), Errno> {
-    let mut guard = shared.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-    if guard.is_none() {
-        // Shaped like the live buffer CPU by CPU, and made of the regions an earlier snapshot
-        // left the live buffer (see `RingBuffer::new_like`), so that taking and freeing
-        // snapshots over and over holds no more memory or files than one snapshot does.
-        *guard = Some(
-            shared
-                .buffer
-                .new_like("snapshot")
-                .map_err(|_| Errno::ENOMEM)?,
-        );
-    }
-    Ok(())
-}
-
-/// Takes a snapshot: the snapshot buffer gets what the live one holds, the live one goes on
-/// empty. What `echo 1 > snapshot` and the `snapshot` trigger do.
-pub(crate) fn swap(shared: &Shared) -> Result<(), Errno> {
-    allocate(shared)?;
-    let guard = shared.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-    let snapshot = guard.as_ref().expect("allocated above");
-    snapshot.reset();
-    shared.buffer.swap(snapshot).map_err(|_| Errno::EBUSY)
-}
-
 fn command(instance: &Instance, value: u64) -> Result<(), Errno> {
     match value {
         0 => {
@@ -76,7 +49,7 @@ fn command(instance: &Instance, value: u64) -> Result<(), Errno> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()) = None
         }
-        1 => swap(&instance.shared)?,
+        1 => instance.shared.take_snapshot()?,
         _ => {
             let guard = instance
                 .shared
@@ -93,7 +66,7 @@ fn command(instance: &Instance, value: u64) -> Result<(), Errno> {
 
 /// Takes a snapshot now, as `echo 1 > snapshot` does.
 pub fn take(instance: &Instance) -> Result<(), Errno> {
-    swap(&instance.shared)
+    instance.shared.take_snapshot()
 }
 
 /// Opens the `snapshot` file of `instance`: reads show the snapshot buffer, writes take,

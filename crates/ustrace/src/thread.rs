@@ -15,7 +15,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, Once};
+use std::sync::{Mutex, Once, OnceLock};
 
 thread_local! {
     static TID: Cell<i32> = const { Cell::new(0) };
@@ -105,7 +105,7 @@ fn first_sight(record_cmd: &AtomicBool) -> i32 {
     let tid = unsafe { libc::gettid() };
     let _ = TID.try_with(|t| t.set(tid));
     // With event-fork, a listed thread leaves set_event_pid when it exits.
-    crate::filter::watch_thread_exit();
+    watch_exit();
     if record_cmd.load(Ordering::Relaxed) {
         save_comm(tid, &current_comm());
     }
@@ -181,4 +181,38 @@ pub fn set_saved_cmdlines_size(size: u64) -> Result<(), ustrace_ctl::vfs::Errno>
     }
     *table = Some(resized);
     Ok(())
+}
+
+/// What runs as a thread that ustrace has seen exits (set once, by the first
+/// `set_event_pid` write: the pid lists forget the thread).
+static EXIT_HOOK: OnceLock<fn(i32)> = OnceLock::new();
+
+/// Makes `hook` run with the thread id of every thread that ustrace has seen as it exits.
+/// The thread layer knows nothing of the pid lists; the `set_event_pid` command installs
+/// its cleanup here, once.
+pub(crate) fn on_thread_exit(hook: fn(i32)) {
+    let _ = EXIT_HOOK.get_or_init(|| hook);
+}
+
+thread_local! {
+    /// Dropped when the thread exits: runs the exit hook.
+    static EXIT_WATCH: ExitWatch = const { ExitWatch };
+}
+
+struct ExitWatch;
+
+impl Drop for ExitWatch {
+    fn drop(&mut self) {
+        let Some(hook) = EXIT_HOOK.get() else {
+            return;
+        };
+        // SAFETY: gettid has no arguments and cannot fail.
+        hook(unsafe { libc::gettid() });
+    }
+}
+
+/// Makes the calling thread's exit run the exit hook (see [`on_thread_exit`]); called once
+/// per thread, off the data path (a thread's first event, a followed thread's start).
+pub(crate) fn watch_exit() {
+    let _ = EXIT_WATCH.try_with(|_| ());
 }

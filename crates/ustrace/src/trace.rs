@@ -10,15 +10,17 @@
 //! else here is control: enabling, soft mode, options, instance lifetime.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use ustrace_ctl::vfs::Errno;
 use ustrace_ringbuf::{clock::Clock, Config, RingBuffer};
 
+use crate::buffers::{PidLists, Shared};
 use crate::event::registry::{STACK_ID, USER_STACK_ID};
 use crate::event::{registry, Attachment, Event, EventId};
 use crate::rcu::RcuCell;
+use crate::stage::trigger::{self as trigger_stage, Registered, SoftSwitch};
 use crate::thread;
 
 /// Default buffer size per CPU, as the kernel's default `buffer_size_kb` (1410 KiB here is
@@ -61,11 +63,11 @@ pub struct EventFile {
     flags: AtomicU32,
     pub(crate) shared: Arc<Shared>,
     control: Mutex<Control>,
-    pub(crate) filter: RcuCell<crate::filter::Compiled>,
+    pub(crate) filter: RcuCell<crate::stage::filter::Compiled>,
     /// What the `filter` file shows; `None` shows `none`.
     pub(crate) filter_text: Mutex<Option<String>>,
-    pub(crate) triggers: RcuCell<Vec<Arc<crate::trigger::Registered>>>,
-    pub(crate) trigger_list: Mutex<Vec<Arc<crate::trigger::Registered>>>,
+    pub(crate) triggers: crate::stage::trigger::Triggers,
+    pub(crate) trigger_list: Mutex<Vec<Arc<Registered>>>,
 }
 
 #[derive(Default)]
@@ -73,73 +75,6 @@ struct Control {
     attachment: Option<Box<dyn Attachment>>,
     /// How many triggers hold this event in soft mode.
     soft_refs: usize,
-}
-
-/// What an instance's event files need on the hot path.
-pub(crate) struct Shared {
-    pub(crate) buffer: RingBuffer,
-    pub(crate) record_cmd: AtomicBool,
-    pub(crate) snapshot: Mutex<Option<RingBuffer>>,
-    pub(crate) pids: RcuCell<crate::filter::PidLists>,
-    /// When the buffer was last cleared, in its clock (the kernel's `time_start`): latency
-    /// timestamps count from it.
-    pub(crate) time_start: AtomicU64,
-    /// Readers of `trace` holding recording paused (`pause-on-trace`), and what
-    /// `tracing_on` says meanwhile; the mutex orders pauses and resumes.
-    paused: AtomicUsize,
-    tracing_on_while_paused: AtomicBool,
-    pause_lock: Mutex<()>,
-    pub(crate) cpumask: crate::cpumask::CpuMask,
-}
-
-impl Shared {
-    /// What `tracing_on` says: whether the buffer records, or while a `pause-on-trace`
-    /// reader holds it paused, whether it will record when the pause ends.
-    pub(crate) fn tracing_on(&self) -> bool {
-        if self.paused.load(Ordering::SeqCst) > 0 {
-            return self.tracing_on_while_paused.load(Ordering::SeqCst);
-        }
-        self.buffer.is_recording()
-    }
-
-    /// Writes `tracing_on` (the file, `traceon`/`traceoff` triggers). During a pause it
-    /// decides what the buffer does when the pause ends, as the kernel keeps `tracing_on`
-    /// apart from its stop count. Atomics only: triggers call it from the record path.
-    pub(crate) fn set_tracing_on(&self, on: bool) {
-        self.tracing_on_while_paused.store(on, Ordering::SeqCst);
-        if self.paused.load(Ordering::SeqCst) == 0 {
-            self.buffer.set_recording(on);
-        }
-    }
-
-    /// Stops recording while a `trace` reader is open (`pause-on-trace`).
-    pub(crate) fn pause(&self) {
-        let _order = self.pause_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if self.paused.load(Ordering::SeqCst) == 0 {
-            self.tracing_on_while_paused
-                .store(self.buffer.is_recording(), Ordering::SeqCst);
-        }
-        self.paused.fetch_add(1, Ordering::SeqCst);
-        self.buffer.set_recording(false);
-    }
-
-    /// Ends one reader's pause; the last one gives recording back as `tracing_on` says.
-    pub(crate) fn resume(&self) {
-        let _order = self.pause_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if self.paused.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.buffer
-                .set_recording(self.tracing_on_while_paused.load(Ordering::SeqCst));
-        }
-    }
-
-    /// Whether the calling thread's events are kept out by `set_event_pid`/`_notrace_pid`.
-    fn ignores_current_thread(&self) -> bool {
-        let guard = crate::rcu::read_lock();
-        match self.pids.get(&guard) {
-            Some(lists) => lists.ignores(thread::current_tid(&self.record_cmd)),
-            None => false,
-        }
-    }
 }
 
 /// Largest record built in the per-thread scratch buffer before it is kept.
@@ -173,8 +108,8 @@ impl EventFile {
             return !(flags & flag::PID_FILTER != 0 && self.shared.ignores_current_thread());
         }
         if flags & flag::TRIGGER_MODE != 0 {
-            let fired = crate::trigger::evaluate(self, None);
-            crate::trigger::run_actions(self, fired);
+            let fired = trigger_stage::evaluate(&self.triggers, &self.shared, None);
+            trigger_stage::run_actions(&self.triggers, &self.shared, fired);
         }
         if flags & flag::SOFT_DISABLED != 0 {
             return false;
@@ -262,7 +197,7 @@ impl EventFile {
             if kept && flags & flag::STACKS != 0 {
                 record_stacks(&self.shared, flags, pid);
             }
-            crate::trigger::run_actions(self, fired);
+            trigger_stage::run_actions(&self.triggers, &self.shared, fired);
             return;
         }
         let Some(fill) = fill.take() else { return };
@@ -281,7 +216,7 @@ impl EventFile {
         } else {
             slot.discard();
         }
-        crate::trigger::run_actions(self, fired);
+        trigger_stage::run_actions(&self.triggers, &self.shared, fired);
     }
 
     /// Runs conditional triggers on `record`; says whether the record is kept (not
@@ -289,7 +224,7 @@ impl EventFile {
     #[inline]
     fn decide(&self, flags: u32, record: &[u8]) -> (bool, u64) {
         let fired = if flags & flag::TRIGGER_COND != 0 {
-            crate::trigger::evaluate(self, Some(record))
+            trigger_stage::evaluate(&self.triggers, &self.shared, Some(record))
         } else {
             0
         };
@@ -403,7 +338,7 @@ impl EventFile {
     /// Publishes a filter program (or none) and the text `filter` shows.
     pub(crate) fn set_filter(
         &self,
-        program: Option<crate::filter::Compiled>,
+        program: Option<crate::stage::filter::Compiled>,
         text: Option<String>,
     ) {
         let on = program.is_some();
@@ -460,6 +395,38 @@ impl EventFile {
         }
     }
 
+    /// Publishes the registered triggers to the record path and sets the flags that send
+    /// records through them.
+    pub(crate) fn publish_triggers(&self, list: &[Arc<Registered>]) {
+        let conditional = list.iter().any(|t| t.filter.is_some() || t.hook.is_some());
+        self.set_trigger_flags(!list.is_empty(), conditional);
+        self.triggers.replace(if list.is_empty() {
+            None
+        } else {
+            Some(list.to_vec())
+        });
+    }
+
+    /// Removes every trigger but the record hooks (which belong to the dynamic events that
+    /// added them, and are removed by those), giving back the soft-mode holds they took.
+    pub(crate) fn clear_triggers(self: &Arc<Self>) {
+        let removed: Vec<_> = {
+            let mut list = self.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
+            let (hooks, removed): (Vec<_>, Vec<_>) = std::mem::take(&mut *list)
+                .into_iter()
+                .partition(|t| t.hook.is_some());
+            *list = hooks;
+            self.publish_triggers(&list);
+            removed
+        };
+        for trigger in removed {
+            if let Some(target) = &trigger.target {
+                target.release_soft_mode();
+            }
+            self.soft_mode_put();
+        }
+    }
+
     fn ensure_attached(self: &Arc<Self>, control: &mut Control) -> Result<(), Errno> {
         if control.attachment.is_none() {
             control.attachment = Some(self.event.class.attach(self.clone())?);
@@ -468,13 +435,27 @@ impl EventFile {
     }
 
     fn detach_all(self: &Arc<Self>) {
-        crate::trigger::clear(self);
+        self.clear_triggers();
         let mut control = self.control.lock().unwrap_or_else(|e| e.into_inner());
         self.flags.store(0, Ordering::Relaxed);
         control.soft_refs = 0;
         if let Some(attachment) = control.attachment.take() {
             attachment.detach();
         }
+    }
+}
+
+impl SoftSwitch for EventFile {
+    fn is_soft_disabled(&self) -> bool {
+        EventFile::is_soft_disabled(self)
+    }
+
+    fn set_soft_disabled(&self, disabled: bool) {
+        EventFile::set_soft_disabled(self, disabled)
+    }
+
+    fn release_soft_mode(&self) {
+        self.soft_mode_put()
     }
 }
 
@@ -586,17 +567,7 @@ impl Instance {
                 name.into()
             },
         })?;
-        let shared = Arc::new(Shared {
-            buffer,
-            record_cmd: AtomicBool::new(true),
-            snapshot: Mutex::new(None),
-            pids: RcuCell::empty(),
-            time_start: AtomicU64::new(0),
-            paused: AtomicUsize::new(0),
-            tracing_on_while_paused: AtomicBool::new(true),
-            pause_lock: Mutex::new(()),
-            cpumask: crate::cpumask::CpuMask::full(nr_cpus),
-        });
+        let shared = Arc::new(Shared::new(buffer, nr_cpus));
         let instance = Arc::new(Instance {
             name: name.to_string(),
             shared,
@@ -715,7 +686,7 @@ impl Instance {
     /// stamped with the time.
     pub fn log_error_text(&self, text: &str) {
         let ts = ustrace_ringbuf::clock::now(self.shared.buffer.clock());
-        let text = format!("[{}] {text}", crate::output::Seconds(ts));
+        let text = format!("[{}] {text}", crate::buffers::Seconds(ts));
         let mut log = self.error_log.lock().unwrap_or_else(|e| e.into_inner());
         if log.len() == ERROR_LOG_MAX {
             log.pop_front();
@@ -767,13 +738,13 @@ impl Instance {
     }
 
     /// The pid lists (`set_event_pid`, `set_event_notrace_pid`).
-    pub fn pids(&self) -> crate::filter::PidLists {
+    pub fn pids(&self) -> PidLists {
         let guard = crate::rcu::read_lock();
         self.shared.pids.get(&guard).cloned().unwrap_or_default()
     }
 
     /// Changes the pid lists and tells every event file whether to check them.
-    pub(crate) fn update_pids(&self, change: impl FnOnce(&mut crate::filter::PidLists)) {
+    pub(crate) fn update_pids(&self, change: impl FnOnce(&mut PidLists)) {
         let _serialize = self.pid_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut lists = self.pids();
         change(&mut lists);

@@ -18,7 +18,9 @@
 //! once; instances keep one [`EventFile`] per event.
 
 pub mod field;
+pub(crate) mod id;
 mod macros;
+pub mod print_fmt;
 pub mod registry;
 
 use std::sync::Arc;

@@ -7,19 +7,11 @@
 use std::sync::{Arc, OnceLock, RwLock};
 
 use super::field::{common_fields, FieldDesc};
+use super::print_fmt::PrintFmt;
 use super::{EventClass, MarkerEvent, StackEvent, UserStackEvent, EVENTS};
-use crate::output::print_fmt::PrintFmt;
 
-/// An event's id: its `common_type` in every record and its `id` file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EventId(pub u16);
+pub use super::id::{EventId, MARKER_ID, STACK_ID, USER_STACK_ID};
 
-/// The id of `ftrace:print`, as the kernel numbers it.
-pub const MARKER_ID: EventId = EventId(5);
-/// The id of `ftrace:kernel_stack` (what the `stacktrace` trigger records), as the kernel's.
-pub const STACK_ID: EventId = EventId(4);
-/// The id of `ftrace:user_stack` (what the `userstacktrace` option records), as the kernel's.
-pub const USER_STACK_ID: EventId = EventId(13);
 const FIRST_STATIC_ID: u16 = 1000;
 
 /// A registered event.

@@ -15,7 +15,7 @@
 //! once overwriting lost some), `raw`, `hex`, `bin`, `sym-offset`, `sym-addr`. Lost
 //! events print as `CPU:N [LOST M EVENTS]` before the first event that follows them.
 
-pub mod print_fmt;
+pub use crate::event::print_fmt;
 
 use std::fmt::Write;
 use std::sync::OnceLock;
@@ -27,20 +27,7 @@ use crate::event::registry::{registry, Event, EventId, MARKER_ID, STACK_ID, USER
 use crate::event::FieldKind;
 use crate::trace::Instance;
 
-/// A nanosecond timestamp as the kernel prints it: `SECS.USECS`, seconds right-aligned
-/// in five columns.
-pub struct Seconds(pub u64);
-
-impl std::fmt::Display for Seconds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{:>5}.{:06}",
-            self.0 / 1_000_000_000,
-            (self.0 % 1_000_000_000) / 1000
-        )
-    }
-}
+pub use crate::buffers::Seconds;
 
 /// Symbolizes addresses for `%pS`/`%ps` with the process's symbol table, and prints a plain
 /// `%p` hashed (the `hash-ptr` option, on by default) or as is.

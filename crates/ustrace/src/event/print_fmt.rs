@@ -16,6 +16,9 @@
 //! and `d i u x X o c s p %`, with `%pS`/`%ps` for symbols.
 //!
 //! Rendering is not on the hot path (it runs when `trace` is read), so it favours clarity.
+//! It needs only a record and its layout, so it sits with the layout in `event`: the
+//! registry compiles each event's format here, and [`crate::output`] (which re-exports this
+//! module as `output::print_fmt`) renders with it.
 
 use std::fmt::Write;
 
