@@ -644,9 +644,35 @@ fn uftrace(
         }
         cmd.arg(exe)
             .args(["calls", &n.to_string(), &reps.to_string()]);
-        let out = run_cmd(&mut cmd);
+        let result = run_cmd(&mut cmd).and_then(|out| {
+            let ns = ns_printed(&out)?;
+            // A function uftrace failed to hook runs at full speed: check every call of
+            // `work` is in the record before reporting a cost.
+            let report = run_cmd(
+                Command::new("uftrace")
+                    .args(["report", "--no-pager", "-d"])
+                    .arg(&data),
+            )?;
+            let calls = report
+                .lines()
+                .find_map(|l| {
+                    let words: Vec<&str> = l.split_whitespace().collect();
+                    match words[..] {
+                        [.., calls, "work"] => calls.parse::<u64>().ok(),
+                        _ => None,
+                    }
+                })
+                .unwrap_or(0);
+            let expected = n / 10 + 1 + n * reps as u64;
+            if calls < expected {
+                return Err(format!(
+                    "uftrace recorded {calls} calls of work, expected {expected}"
+                ));
+            }
+            Ok(ns)
+        });
         let _ = std::fs::remove_dir_all(&data);
-        ns_printed(&out?)
+        result
     };
     [one(false), one(true)]
 }
@@ -721,11 +747,53 @@ fn lttng(exe: &Result<PathBuf, String>, dir: &Path, n: u64, reps: usize) -> Resu
             &n.to_string(),
             &reps.to_string(),
         ]))?)?;
-        let _ = lttng(&["stop", &session]);
+        lttng(&["stop", &session])?;
+        // An application that did not register with the daemon in time traces nothing at
+        // all: check that the event reached the buffers before reporting its cost.
+        lttng(&["snapshot", "record", "-s", &session])?;
+        let recorded = stream_bytes(&dir.join("lttng-traces"));
+        let _ = std::fs::remove_dir_all(dir.join("lttng-traces"));
+        if recorded == 0 {
+            return Err(
+                "LTTng recorded no event (the workload did not register with lttng-sessiond)"
+                    .into(),
+            );
+        }
         Ok(ns)
     })();
     let _ = lttng(&["destroy", &session]);
     result
+}
+
+/// The size of a snapshot stream file holding no event (one empty packet), here.
+const EMPTY_PACKET: u64 = 4096;
+
+/// Bytes of trace data (not metadata or indexes) under an LTTng trace directory, beyond
+/// the empty packet every stream starts with.
+fn stream_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let path = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => {
+                    if e.file_name() == "index" {
+                        0
+                    } else {
+                        stream_bytes(&path)
+                    }
+                }
+                // A stream that saw no event still holds one empty packet of a page.
+                Ok(t) if t.is_file() && e.file_name() != "metadata" => e
+                    .metadata()
+                    .map_or(0, |m| m.len().saturating_sub(EMPTY_PACKET)),
+                _ => 0,
+            }
+        })
+        .sum()
 }
 
 /// Runs every peer; rows in [`NAMES`] order.
