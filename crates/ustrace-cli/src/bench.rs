@@ -21,6 +21,9 @@
 //! `--filter` takes one of them or a glob over them (`fprobe*`); a filter that matches no name
 //! is an error. `clock_local_read` is the default trace clock alone (a TSC read scaled to ns):
 //! every event write pays it, so it is the floor under `ring_buffer_write_32b`.
+//!
+//! `--peers` (the other tracers on one C workload, [`crate::bench_peers`]) and `--scale` (cost
+//! curves as the work grows, [`crate::bench_scale`]) are runs of their own with their own rows.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
