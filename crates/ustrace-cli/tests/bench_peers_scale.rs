@@ -180,6 +180,8 @@ fn peers_and_scale_refuse_a_filter() {
             .expect("run ustrace bench");
         assert!(!out.status.success(), "{mode} --filter succeeded");
         assert!(out.stdout.is_empty());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot be used with"), "{mode}: {err}");
     }
 }
 
