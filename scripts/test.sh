@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     need=()
-    for pkg in libtraceevent-dev fuse3 pkg-config; do
+    # uftrace, lttng-tools and liblttng-ust-dev are peers of `ustrace bench --peers` (its
+    # smoke test runs them for a few thousand calls).
+    for pkg in libtraceevent-dev fuse3 pkg-config uftrace lttng-tools liblttng-ust-dev; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     if [ ${#need[@]} -gt 0 ]; then

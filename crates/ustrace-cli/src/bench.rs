@@ -27,6 +27,9 @@
 //! `--filter` takes one of them or a glob over them (`fprobe*`); a filter that matches no name
 //! is an error. `clock_local_read` is the default trace clock alone (a TSC read scaled to ns):
 //! every event write pays it, so it is the floor under `ring_buffer_write_32b`.
+//!
+//! `--peers` (the other tracers on one C workload, [`crate::bench_peers`]) and `--scale` (cost
+//! curves as the work grows, [`crate::bench_scale`]) are runs of their own with their own rows.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,6 +74,14 @@ pub struct BenchArgs {
     /// Run only the figure of this name, or those a glob matches (`fprobe*`).
     #[arg(long)]
     pub filter: Option<String>,
+    /// Compare with the tracers people would otherwise use (LTTng-UST, uftrace, the kernel's
+    /// uprobes, the `tracing` crate) on the same C workload, in this run.
+    #[arg(long, conflicts_with_all = ["filter", "scale"])]
+    pub peers: bool,
+    /// Print how the cost grows with the work: events enabled, functions probed, writer
+    /// threads, filter predicates, functions attached.
+    #[arg(long, conflicts_with = "filter")]
+    pub scale: bool,
 }
 
 ustrace::declare_tracepoint! {
@@ -136,21 +147,21 @@ fn select(filter: Option<&str>) -> Result<Vec<&'static str>, String> {
     Ok(picked)
 }
 
-fn median(mut samples: Vec<f64>) -> f64 {
+pub(crate) fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(|a, b| a.total_cmp(b));
     samples[samples.len() / 2]
 }
 
 /// A timed loop's result: the median ns per iteration, and how many iterations ran in all
 /// (warm-up included), which is what the loop's effects are checked against.
-struct Timing {
-    ns_per_op: f64,
-    ops: u64,
+pub(crate) struct Timing {
+    pub(crate) ns_per_op: f64,
+    pub(crate) ops: u64,
 }
 
 /// Times `body(iterations)` `reps` times, after one shorter warm-up run (caches, buffer
 /// pages). `body` fails when an operation did not complete.
-fn time_per_op(
+pub(crate) fn time_per_op(
     iterations: u64,
     reps: usize,
     mut body: impl FnMut(u64) -> Result<(), String>,
@@ -170,7 +181,7 @@ fn time_per_op(
 }
 
 /// A loop that cannot fail, for [`time_per_op`].
-fn infallible(body: impl Fn(u64)) -> impl FnMut(u64) -> Result<(), String> {
+pub(crate) fn infallible(body: impl Fn(u64)) -> impl FnMut(u64) -> Result<(), String> {
     move |n| {
         body(n);
         Ok(())
@@ -179,7 +190,7 @@ fn infallible(body: impl Fn(u64)) -> impl FnMut(u64) -> Result<(), String> {
 
 /// Events a buffer has recorded, and events it lost (dropped, or overrun while committing),
 /// over all its CPUs.
-fn tally(buffer: &RingBuffer) -> (u64, u64) {
+pub(crate) fn tally(buffer: &RingBuffer) -> (u64, u64) {
     (0..buffer.nr_cpus())
         .map(|cpu| buffer.stats(cpu))
         .fold((0, 0), |(written, lost), s| {
@@ -192,7 +203,7 @@ fn tally(buffer: &RingBuffer) -> (u64, u64) {
 
 /// [`time_per_op`], then a check that `buffer` recorded exactly `per_op` events for each
 /// operation and lost none.
-fn time_recorded(
+pub(crate) fn time_recorded(
     name: &str,
     buffer: &RingBuffer,
     per_op: u64,
@@ -385,7 +396,7 @@ fn call_loop(n: u64) {
     black_box(acc);
 }
 
-fn append(path: &str, text: &str) -> Result<(), String> {
+pub(crate) fn append(path: &str, text: &str) -> Result<(), String> {
     let mut file = ustrace::tracefs()
         .open(path, OpenFlags::APPEND)
         .map_err(|e| format!("open {path}: {e}"))?;
@@ -394,7 +405,7 @@ fn append(path: &str, text: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn set(path: &str, text: &str) -> Result<(), String> {
+pub(crate) fn set(path: &str, text: &str) -> Result<(), String> {
     let mut file = ustrace::tracefs()
         .open(path, OpenFlags::TRUNCATE)
         .map_err(|e| format!("open {path}: {e}"))?;
@@ -458,7 +469,10 @@ fn ring_writes(buffer: &RingBuffer) -> impl FnMut(u64) -> Result<(), String> + '
 /// Two threads each run `work(n)` (which returns its failed operations) from a common start;
 /// returns ns per operation of the pair. A thread that panics or fails an operation fails
 /// the measurement.
-fn two_threads(work: impl Fn(u64) -> u64 + Clone + Send + 'static, n: u64) -> Result<f64, String> {
+pub(crate) fn two_threads(
+    work: impl Fn(u64) -> u64 + Clone + Send + 'static,
+    n: u64,
+) -> Result<f64, String> {
     let go = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = (0..2)
         .map(|_| {
@@ -563,6 +577,12 @@ impl Baselines {
 }
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
+    if args.peers {
+        return crate::bench_peers::run(&args);
+    }
+    if args.scale {
+        return crate::bench_scale::run(&args);
+    }
     let n = args.iterations.max(1000);
     let reps = args.repetitions.max(1);
     let selected = select(args.filter.as_deref())?;

@@ -23,6 +23,8 @@ macro_rules! out {
 }
 
 mod bench;
+mod bench_peers;
+mod bench_scale;
 mod demo;
 mod mount;
 mod remote;
