@@ -34,6 +34,24 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Writes a `kernel_stack` entry (`<stack trace>`) holding `frames`, raw addresses that
+    /// the output symbolizes when the trace is read; the `stacktrace` option and trigger both
+    /// record through this.
+    pub(crate) fn write_kernel_stack(&self, pid: i32, frames: &[usize]) {
+        let len = 16 + 8 * frames.len();
+        let Some(mut slot) = self.buffer.reserve(len) else {
+            return;
+        };
+        let record: &mut [u8] = &mut slot;
+        crate::event::field::write_common_header(record, crate::event::id::STACK_ID.0, pid);
+        record[8..12].copy_from_slice(&(frames.len() as i32).to_ne_bytes());
+        record[12..16].fill(0);
+        for (i, addr) in frames.iter().enumerate() {
+            record[16 + 8 * i..24 + 8 * i].copy_from_slice(&(*addr as u64).to_ne_bytes());
+        }
+        slot.commit();
+    }
+
     /// The state of a new instance around its live `buffer`: recording, no snapshot, no
     /// pid lists, every CPU in the mask.
     pub(crate) fn new(buffer: RingBuffer, nr_cpus: usize) -> Shared {

@@ -17,7 +17,7 @@ use ustrace_ctl::vfs::Errno;
 use ustrace_ringbuf::{clock::Clock, Config, RingBuffer};
 
 use crate::buffers::{PidLists, Shared};
-use crate::event::registry::{STACK_ID, USER_STACK_ID};
+use crate::event::registry::USER_STACK_ID;
 use crate::event::{registry, Attachment, Event, EventId};
 use crate::rcu::RcuCell;
 use crate::stage::trigger::{self as trigger_stage, Registered, SoftSwitch};
@@ -476,17 +476,7 @@ fn record_stacks(shared: &Shared, flags: u32, pid: i32) {
     // Skipped: this function and `record_checked` (both never inlined).
     let n = ustrace_inspect::stack::capture(2, &mut frames);
     if flags & flag::STACKTRACE != 0 {
-        let len = 16 + 8 * n;
-        if let Some(mut slot) = shared.buffer.reserve(len) {
-            let record: &mut [u8] = &mut slot;
-            crate::event::field::write_common_header(record, STACK_ID.0, pid);
-            record[8..12].copy_from_slice(&(n as i32).to_ne_bytes());
-            record[12..16].fill(0);
-            for (i, addr) in frames[..n].iter().enumerate() {
-                record[16 + 8 * i..24 + 8 * i].copy_from_slice(&(*addr as u64).to_ne_bytes());
-            }
-            slot.commit();
-        }
+        shared.write_kernel_stack(pid, &frames[..n]);
     }
     if flags & flag::USERSTACK != 0 {
         let len = 16 + 8 * USER_STACK_ENTRIES;

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use ustrace_filter::trigger::{Kind, Trigger};
 
 use crate::buffers::Shared;
-use crate::event::id::STACK_ID;
 use crate::rcu::{read_lock, RcuCell};
 use crate::stage::filter::Compiled;
 
@@ -154,17 +153,6 @@ fn record_stack(shared: &Shared) {
     let mut frames = [0usize; MAX_STACK];
     // Skip the frames of ustrace itself: this function, the trigger runner, the record path.
     let n = ustrace_inspect::stack::capture(3, &mut frames);
-    let len = 16 + 8 * n;
     let pid = crate::thread::current_tid(&shared.record_cmd);
-    let Some(mut slot) = shared.buffer.reserve(len) else {
-        return;
-    };
-    let record: &mut [u8] = &mut slot;
-    crate::event::field::write_common_header(record, STACK_ID.0, pid);
-    record[8..12].copy_from_slice(&(n as i32).to_ne_bytes());
-    record[12..16].fill(0);
-    for (i, addr) in frames[..n].iter().enumerate() {
-        record[16 + 8 * i..24 + 8 * i].copy_from_slice(&(*addr as u64).to_ne_bytes());
-    }
-    slot.commit();
+    shared.write_kernel_stack(pid, &frames[..n]);
 }
