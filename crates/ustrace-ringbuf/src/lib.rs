@@ -817,7 +817,12 @@ impl RingBuffer {
     /// buffer's CPU `cpu` may get it back.
     fn take_retired(&self, ctl: &mut Control, cpu: usize, nr_pages: usize) -> Option<Arc<Region>> {
         let fits = |r: &Arc<Region>| {
-            r.cpu() == cpu && r.nr_pages() == nr_pages && r.is_released() && r.mapping().has_fd()
+            r.cpu() == cpu
+                && r.nr_pages() == nr_pages
+                && r.is_released()
+                && r.mapping().has_fd()
+                // No late writer still acting on what it held (see `Region::prepare_page`).
+                && r.quiescent()
         };
         let rc = &mut ctl.cpus[cpu];
         // Held by `retired` and `keep` only: no iterator, no other buffer.

@@ -382,9 +382,32 @@ pub(crate) struct Region {
     /// `WORDS_KEPT`, or the events the page words held when they were
     /// given back (`forget_words`), which `stats` counts instead.
     forgotten: AtomicU64,
+    /// Writers of this process inside `prepare_page`: they act on a view
+    /// of the region (the page to reuse is complete, with these entries)
+    /// that a reset or a restart in place would make stale, so the region
+    /// is not quiescent while there are any (see `prepare_page`). Only
+    /// writers of this process touch a region's state (a forked child
+    /// writes nothing into inherited buffers), so it need not be shared.
+    entering: AtomicU64,
 }
 
 const WORDS_KEPT: u64 = u64::MAX;
+
+/// Holds a region's `entering` count up while a writer prepares a page.
+struct EnteringGuard<'a>(&'a AtomicU64);
+
+impl<'a> EnteringGuard<'a> {
+    fn new(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        EnteringGuard(count)
+    }
+}
+
+impl Drop for EnteringGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// Holds a region's `foreign` count up while a non-owner touches its state.
 struct ForeignGuard<'a>(Option<&'a AtomicU64>);
@@ -530,6 +553,7 @@ impl Region {
             page_hint: PageHint::new(),
             owner: AtomicU64::new(0),
             forgotten: AtomicU64::new(WORDS_KEPT),
+            entering: AtomicU64::new(0),
         };
         for slot in 0..nr_pages {
             r.map_word(slot)
@@ -577,6 +601,7 @@ impl Region {
             page_hint: PageHint::new(),
             owner: AtomicU64::new(0),
             forgotten: AtomicU64::new(WORDS_KEPT),
+            entering: AtomicU64::new(0),
         };
         let magic = r.atomic(OFF_MAGIC).load(Ordering::Acquire);
         // SAFETY: header fields are inside the first 256 bytes (checked above);
@@ -616,6 +641,7 @@ impl Region {
             page_hint: PageHint::new(),
             owner: AtomicU64::new(0),
             forgotten: AtomicU64::new(WORDS_KEPT),
+            entering: AtomicU64::new(0),
         })
     }
 
@@ -971,21 +997,39 @@ impl Region {
     ///
     /// `Ok(false)`: the slot is already past `e`'s lap, so the writer's view
     /// of the state is stale; it should look again.
+    ///
+    /// The region may not be emptied (reset, or started over in place)
+    /// between the checks below and the moves that act on them: a writer
+    /// preempted there would push the new contents' reader past a page of
+    /// the old ones and count that page's events, already read or counted,
+    /// as overrun once more. So the writer shows itself in `entering`
+    /// first, and the region is not quiescent until it leaves; one that
+    /// arrives after a reset or restart saw `entering` at 0 finds the
+    /// region closed, or open with the new contents, since it reads the
+    /// state before the words.
     fn prepare_page(&self, e: u64, overwrite: bool) -> Result<bool, ReserveError> {
+        let _entering = EnteringGuard::new(&self.entering);
         let n = self.nr_pages as u64;
         let tag = e / n + 1;
         let fresh = tag << WORD_TAG_SHIFT;
         let slot = self.slot_of(e);
         let (lw, rw) = (self.local_word_at(slot), self.remote_word_at(slot));
-        let l = lw.load(Ordering::SeqCst);
-        let r = rw.load(Ordering::SeqCst);
         // A writer entering page `e` read a position in page `e - 1` or
         // at its end, and positions only grow, unless the region was
         // emptied since (a reset, or a retired region started over) while
         // this writer was preempted: its view is stale, and the page
         // before `e` is not incomplete, just not there any more.
-        if word_tag(l) > tag || self.is_closed() || self.pos() + D < e * D {
+        if self.is_closed() || self.pos() + D < e * D {
             return Ok(false);
+        }
+        let l = lw.load(Ordering::SeqCst);
+        let r = rw.load(Ordering::SeqCst);
+        if word_tag(l) > tag {
+            return Ok(false);
+        }
+        #[cfg(test)]
+        if let Some(f) = tests::AFTER_CHECK.with(|h| h.take()) {
+            f();
         }
         if word_tag(l) == tag {
             // Another writer moved the local word; finish its move if needed.
@@ -1246,8 +1290,12 @@ impl Region {
         }
     }
 
-    /// Whether every reserved byte is committed (no writer in flight).
+    /// Whether every reserved byte is committed and no writer of this
+    /// process is preparing a page (no writer in flight).
     pub(crate) fn quiescent(&self) -> bool {
+        if self.entering.load(Ordering::SeqCst) != 0 {
+            return false;
+        }
         let p = self.pos();
         if p == 0 {
             return true;
@@ -1516,7 +1564,7 @@ impl Region {
     /// taken out with swaps, so a count a late writer (or a forked child)
     /// adds meanwhile lands either in them or in the fresh region's.
     pub(crate) fn restart(&self) -> RegionStats {
-        debug_assert!(self.is_released() && self.map.has_fd());
+        debug_assert!(self.is_released() && self.map.has_fd() && self.quiescent());
         // Closed and quiescent: the words and slot map change no more (a
         // late writer's moves are compare-and-swaps from values of a lap
         // that is over, as in `reinit`).
@@ -1927,6 +1975,7 @@ impl Region {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn region(name: &str, pages: usize) -> Region {
         let path = crate::shm::shm_dir()
@@ -1967,6 +2016,88 @@ mod tests {
         let st = r.stats();
         assert_eq!((st.commit_overrun, st.dropped), (0, 0), "{st:?}");
         assert_eq!(st.committed, 1);
+    }
+
+    thread_local! {
+        /// Run by `prepare_page` once the writer's view passed its checks,
+        /// before it acts on it: a preemption there, made deterministic.
+        pub(super) static AFTER_CHECK: std::cell::Cell<Option<Box<dyn FnOnce()>>> =
+            const { std::cell::Cell::new(None) };
+    }
+
+    fn sum(a: RegionStats, b: RegionStats) -> RegionStats {
+        RegionStats {
+            committed: a.committed + b.committed,
+            overrun: a.overrun + b.overrun,
+            dropped: a.dropped + b.dropped,
+            commit_overrun: a.commit_overrun + b.commit_overrun,
+            read: a.read + b.read,
+        }
+    }
+
+    /// A writer entering a page is preempted after it checked its view and
+    /// before it acts on it, while its region is closed, read to its end,
+    /// retired and (if it may be) started over in place, as a resize and a
+    /// resize back do. Its view of the page it would overwrite belongs to
+    /// the old contents, whose events were all read: it must neither count
+    /// them as overrun again nor move the new contents' reader.
+    #[test]
+    fn a_writer_preempted_inside_prepare_page_counts_no_event_twice() {
+        let r = Arc::new(region("restart-mid", 3));
+        let mut next = 0;
+        write_until_page(&r, &mut next, 4);
+        // The next write enters page 5, reusing page 2's slot.
+        while r.pos() % D + 64 <= D {
+            write(&r, next);
+            next += 1;
+        }
+        let mut c = r.reader_start();
+        while r.consume(&mut c, false).is_ok() {}
+        assert_eq!(r.read_pos(), r.pos());
+        let before = r.stats();
+        assert_eq!(before.committed, before.read + before.overrun, "{before:?}");
+
+        let had = Arc::new(std::sync::Mutex::new(RegionStats::default()));
+        let (r2, had2) = (r.clone(), had.clone());
+        AFTER_CHECK.with(|h| {
+            h.set(Some(Box::new(move || {
+                r2.close();
+                // What `retire_drained` and `take_retired` require.
+                if r2.quiescent() && r2.read_pos() >= r2.pos() {
+                    r2.release();
+                    *had2.lock().unwrap() = r2.restart();
+                }
+            })))
+        });
+        let raw = match r.reserve(60, Clock::Counter, true, Writer::Foreign) {
+            Ok(raw) => raw,
+            Err(ReserveError::Closed) => {
+                // Started over only once the writer left.
+                assert!(r.quiescent() && r.read_pos() >= r.pos());
+                r.release();
+                *had.lock().unwrap() = r.restart();
+                r.reserve(60, Clock::Counter, true, Writer::Foreign)
+                    .expect("an open region")
+            }
+            Err(e) => panic!("{e:?}"),
+        };
+        r.commit(&raw);
+
+        let mut c = r.reader_start();
+        let mut read_now = 0;
+        while r.consume(&mut c, false).is_ok() {
+            read_now += 1;
+        }
+        let had = *had.lock().unwrap();
+        let total = sum(had, r.stats());
+        assert_eq!(total.overrun, before.overrun, "{had:?} {total:?}");
+        assert_eq!(total.committed, before.committed + 1, "{had:?} {total:?}");
+        assert_eq!(
+            total.committed,
+            total.read + total.overrun,
+            "{had:?} {total:?}"
+        );
+        assert_eq!(read_now, 1, "the new event is readable");
     }
 
     #[test]
