@@ -466,18 +466,50 @@ fn ring_writes(buffer: &RingBuffer) -> impl FnMut(u64) -> Result<(), String> + '
     }
 }
 
+/// The first two CPUs this process may run on, if it may run on two.
+fn two_allowed_cpus() -> Option<[usize; 2]> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, which sched_getaffinity fills.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; the size is that of the set we pass.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0
+    {
+        return None;
+    }
+    // SAFETY: CPU_ISSET reads the set we own, at indices below its capacity.
+    let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+    Some([cpus.next()?, cpus.next()?])
+}
+
+/// Keeps the calling thread on `cpu`.
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes one bit of it, and
+    // sched_setaffinity only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// Two threads each run `work(n)` (which returns its failed operations) from a common start;
 /// returns ns per operation of the pair. A thread that panics or fails an operation fails
-/// the measurement.
+/// the measurement. Each thread is kept on a CPU of its own (when the process may use two):
+/// the figure is two writers on two CPUs, each owning its CPU's buffer. Left to the
+/// scheduler, both could share one CPU, and one preempted between reserve and commit while
+/// the other laps that CPU's buffer would lose events to a commit overrun.
 pub(crate) fn two_threads(
     work: impl Fn(u64) -> u64 + Clone + Send + 'static,
     n: u64,
 ) -> Result<f64, String> {
     let go = Arc::new(AtomicBool::new(false));
+    let cpus = two_allowed_cpus();
     let threads: Vec<_> = (0..2)
-        .map(|_| {
+        .map(|i| {
             let (work, go) = (work.clone(), go.clone());
             std::thread::spawn(move || {
+                if let Some(cpus) = cpus {
+                    pin_to(cpus[i]);
+                }
                 while !go.load(Ordering::Acquire) {
                     std::hint::spin_loop();
                 }
