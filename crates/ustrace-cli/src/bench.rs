@@ -231,6 +231,31 @@ pub(crate) fn time_recorded(
     Ok(timing.ns_per_op)
 }
 
+/// Defines the dynamic event `definition` (`f:GROUP/EVENT ...` or `e:GROUP/EVENT ...`),
+/// enables it in `instance`, times `body` with [`time_recorded`] (one event per operation),
+/// then disables and removes the event again, also when the timing failed.
+fn time_dynamic_event(
+    name: &str,
+    instance: &str,
+    definition: &str,
+    (buffer, n, reps): (&RingBuffer, u64, usize),
+    body: impl FnMut(u64) -> Result<(), String>,
+) -> Result<f64, String> {
+    let event = definition
+        .split_whitespace()
+        .next()
+        .and_then(|head| head.split_once(':'))
+        .map(|(_, event)| event)
+        .ok_or_else(|| format!("{name}: no event name in {definition:?}"))?;
+    let enable = format!("instances/{instance}/events/{event}/enable");
+    append("dynamic_events", &format!("{definition}\n"))?;
+    set(&enable, "1\n")?;
+    let timed = time_recorded(name, buffer, 1, n, reps, body);
+    set(&enable, "0\n")?;
+    append("dynamic_events", &format!("-:{event}\n"))?;
+    timed
+}
+
 /// The `add_loop` baseline.
 #[inline(never)]
 fn add_loop(n: u64) {
@@ -728,39 +753,23 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             push("event_soft_disabled", ns?, "add_loop", None);
         }
         if wanted("fprobe_event_2args") {
-            append(
-                "dynamic_events",
-                "f:ustrace_bench/fprobe2 ustrace_bench_target a=$arg1 b=$arg2\n",
-            )?;
-            set(&path("events/ustrace_bench/fprobe2/enable"), "1\n")?;
-            let ns = time_recorded(
+            let ns = time_dynamic_event(
                 "fprobe_event_2args",
-                buffer,
-                1,
-                n,
-                reps,
+                instance,
+                "f:ustrace_bench/fprobe2 ustrace_bench_target a=$arg1 b=$arg2",
+                (buffer, n, reps),
                 infallible(call_loop),
             )?;
-            set(&path("events/ustrace_bench/fprobe2/enable"), "0\n")?;
-            append("dynamic_events", "-:ustrace_bench/fprobe2\n")?;
             push("fprobe_event_2args", ns, "call_loop", None);
         }
         if wanted("eprobe_on_event") {
-            append(
-                "dynamic_events",
-                "e:ustrace_bench/derived ustrace_bench.ints3 a=$a:u64 c=$c:u64\n",
-            )?;
-            set(&path("events/ustrace_bench/derived/enable"), "1\n")?;
-            let ns = time_recorded(
+            let ns = time_dynamic_event(
                 "eprobe_on_event",
-                buffer,
-                1,
-                n,
-                reps,
+                instance,
+                "e:ustrace_bench/derived ustrace_bench.ints3 a=$a:u64 c=$c:u64",
+                (buffer, n, reps),
                 infallible(ints3_loop),
             )?;
-            set(&path("events/ustrace_bench/derived/enable"), "0\n")?;
-            append("dynamic_events", "-:ustrace_bench/derived\n")?;
             push("eprobe_on_event", ns, "add_loop", None);
         }
         drop(inst);
