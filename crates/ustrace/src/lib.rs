@@ -99,6 +99,7 @@ pub mod cpumask;
 pub mod dynevent;
 pub mod dynevent_cmd;
 pub mod event;
+pub mod event_file;
 pub mod filter;
 pub mod marker;
 pub mod options;
