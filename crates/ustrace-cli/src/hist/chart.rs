@@ -50,6 +50,34 @@ fn fit_middle(s: &str, width: usize) -> String {
     out
 }
 
+/// Fits a compound key's parts, joined by `, `, into `width` characters: the longest part
+/// gives way first, so every part keeps its start and end (`sys_inotify_…_watch, gmain-975`).
+fn fit_parts(parts: &[String], width: usize) -> String {
+    let joined = parts.join(", ");
+    if joined.chars().count() <= width || parts.len() < 2 {
+        return fit_middle(&joined, width);
+    }
+    let seps = 2 * (parts.len() - 1);
+    let Some(budget) = width.checked_sub(seps).filter(|&b| b >= 2 * parts.len()) else {
+        return fit_middle(&joined, width);
+    };
+    let mut lens: Vec<usize> = parts.iter().map(|p| p.chars().count()).collect();
+    while lens.iter().sum::<usize>() > budget {
+        let (i, _) = lens
+            .iter()
+            .enumerate()
+            .max_by_key(|&(i, l)| (*l, std::cmp::Reverse(i)))
+            .unwrap_or((0, &0));
+        lens[i] -= 1;
+    }
+    parts
+        .iter()
+        .zip(lens)
+        .map(|(p, l)| fit_middle(p, l))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Cuts `s` to `width` characters at its end (a stack keeps its innermost frames).
 fn fit_end(s: &str, width: usize) -> String {
     if s.chars().count() <= width {
@@ -175,8 +203,9 @@ fn key_header(section: &Section, entry: &Entry) -> String {
         .join(", ")
 }
 
-/// The value column's header: `bytes_req`, with `(%)` or `(graph cells)` for those forms.
-fn value_header(section: &Section, name: &str) -> String {
+/// The value column's header (`bytes_req`, `len (%)`, `len (of 20)` for a `.graph` bar's
+/// cells) and how its numbers show.
+fn value_header(section: &Section, name: &str) -> (String, Shown) {
     let form = section
         .entries
         .iter()
@@ -184,30 +213,49 @@ fn value_header(section: &Section, name: &str) -> String {
         .find(|v| v.name == name)
         .map(|v| &v.value);
     match form {
-        Some(Val::Percent(_)) => format!("{name} (% ×100)"),
-        Some(Val::Graph(_)) => format!("{name} (of 20)"),
-        _ => name.to_owned(),
+        Some(Val::Percent(_)) => (format!("{name} (%)"), Shown::Percent),
+        Some(Val::Graph(_)) => (format!("{name} (of 20)"), Shown::Count),
+        _ => (name.to_owned(), Shown::Count),
     }
 }
 
-/// Rows of `(label, value)` drawn against one maximum.
+/// How the value column shows a number.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    Count,
+    /// Hundredths of a percent (`.percent`).
+    Percent,
+}
+
+fn show(v: u64, how: Shown) -> String {
+    match how {
+        Shown::Count => v.to_string(),
+        Shown::Percent => format!("{}.{:02}%", v / 100, v % 100),
+    }
+}
+
+/// A row: the label's parts (a compound key has several) and its value (`None`: a note).
+type Row = (Vec<String>, Option<u64>);
+
+/// Rows drawn against one maximum.
 fn draw_rows(
     out: &mut String,
     header: (&str, &str),
-    rows: &[(String, Option<u64>)],
+    rows: &[Row],
     width: usize,
     stack_labels: bool,
+    how: Shown,
 ) {
     let max = rows.iter().filter_map(|r| r.1).max().unwrap_or(0);
     let vw = rows
         .iter()
-        .filter_map(|r| r.1.map(|v| v.to_string().len()))
+        .filter_map(|r| r.1.map(|v| show(v, how).chars().count()))
         .chain([header.1.chars().count()])
         .max()
         .unwrap_or(1);
     let longest = rows
         .iter()
-        .map(|r| r.0.chars().count())
+        .map(|r| r.0.join(", ").chars().count())
         .chain([header.0.chars().count()])
         .max()
         .unwrap_or(0);
@@ -222,15 +270,16 @@ fn draw_rows(
         fit_end(header.0, lw),
         fit_middle(header.1, vw)
     );
-    for (label, value) in rows {
+    for (parts, value) in rows {
         let label = if stack_labels {
-            fit_end(label, lw)
+            fit_end(&parts.join(", "), lw)
         } else {
-            fit_middle(label, lw)
+            fit_parts(parts, lw)
         };
         match value {
             Some(v) => {
-                let line = format!("{label:<lw$}  {v:>vw$} {}", bar(*v, max, cells));
+                let shown = show(*v, how);
+                let line = format!("{label:<lw$}  {shown:>vw$} {}", bar(*v, max, cells));
                 let _ = writeln!(out, "{}", line.trim_end());
             }
             None => {
@@ -259,21 +308,28 @@ pub fn draw(section: &Section, opts: &Options<'_>) -> Result<String, String> {
         out.push_str("(the entries carry no values)\n");
         return Ok(out);
     };
-    let vheader = value_header(section, &value);
+    let (vheader, how) = value_header(section, &value);
     match distribution_key(first) {
-        Some(d) => draw_distribution(&mut out, section, d, &value, &vheader, opts),
+        Some(d) => draw_distribution(&mut out, section, d, &value, (&vheader, how), opts),
         None => {
-            let rows: Vec<(String, Option<u64>)> = section
+            let rows: Vec<Row> = section
                 .entries
                 .iter()
                 .map(|e| {
-                    let label = e.keys.iter().map(compact).collect::<Vec<_>>().join(", ");
-                    (label, Some(value_of(e, &value)))
+                    let parts = e.keys.iter().map(compact).collect();
+                    (parts, Some(value_of(e, &value)))
                 })
                 .collect();
             let stack_labels = first.keys.iter().any(is_stack);
             let kh = key_header(section, first);
-            draw_rows(&mut out, (&kh, &vheader), &rows, opts.width, stack_labels);
+            draw_rows(
+                &mut out,
+                (&kh, &vheader),
+                &rows,
+                opts.width,
+                stack_labels,
+                how,
+            );
         }
     }
     Ok(out)
@@ -304,7 +360,7 @@ fn draw_distribution(
     section: &Section,
     d: usize,
     value: &str,
-    vheader: &str,
+    (vheader, how): (&str, Shown),
     opts: &Options<'_>,
 ) {
     let log2 = matches!(section.entries[0].keys[d].value, KeyValue::Log2(_));
@@ -354,21 +410,21 @@ fn draw_distribution(
         let (Some(&lo), Some(&hi)) = (buckets.keys().next(), buckets.keys().next_back()) else {
             continue;
         };
-        let mut rows: Vec<(String, Option<u64>)> = Vec::new();
+        let mut rows: Vec<Row> = Vec::new();
         let mut pos = lo;
         loop {
             match buckets.get(&pos) {
-                Some(&v) => rows.push((bucket_label(log2, pos, step), Some(v))),
+                Some(&v) => rows.push((vec![bucket_label(log2, pos, step)], Some(v))),
                 None => {
                     // How many empty buckets follow, up to the next full one.
                     let next = buckets.range(pos..).next().map_or(hi, |(&p, _)| p);
                     let empties = (next - pos) / stride;
                     if empties > MAX_EMPTY_RUN {
-                        rows.push((format!("⋮ ({empties} empty buckets)"), None));
+                        rows.push((vec![format!("⋮ ({empties} empty buckets)")], None));
                         pos = next;
                         continue;
                     }
-                    rows.push((bucket_label(log2, pos, step), Some(0)));
+                    rows.push((vec![bucket_label(log2, pos, step)], Some(0)));
                 }
             }
             match pos.checked_add(stride) {
@@ -376,6 +432,6 @@ fn draw_distribution(
                 _ => break,
             }
         }
-        draw_rows(out, (&spec, vheader), &rows, opts.width, false);
+        draw_rows(out, (&spec, vheader), &rows, opts.width, false, how);
     }
 }

@@ -51,6 +51,8 @@ pub struct Entry {
     pub vals: Vec<ValField>,
     /// Indented lines printed after the entry by `onmax()`/`onchange()` (`max:`, saved fields).
     pub extra: Vec<String>,
+    /// Text after the values that is not `name: value`, kept verbatim.
+    pub trailing: Option<String>,
 }
 
 /// One field of a key.
@@ -406,21 +408,23 @@ fn parse_entry(
         ),
         _ => {
             // A stacktrace key: frames on the following lines, up to a line starting `}`.
+            // A stacktrace key: frames on the following lines, up to the line with the `}`
+            // (at its start, or after the key fields that follow the stack).
             let mut key = first[open + 1..].to_owned();
             let mut j = start + 1;
             loop {
                 let Some(line) = lines.get(j) else {
                     return Err(err(
                         start,
-                        "this entry's `{` is never closed by a line starting with `}`",
+                        "this entry's `{` is never closed by a `}`",
                         first,
                     ));
                 };
-                let t = line.trim_start();
-                if let Some(rest) = t.strip_prefix('}') {
-                    break (key, rest, j + 1);
-                }
                 key.push('\n');
+                if let Some(close) = line.rfind('}') {
+                    key.push_str(&line[..close]);
+                    break (key, &line[close + 1..], j + 1);
+                }
                 key.push_str(line);
                 j += 1;
             }
@@ -432,7 +436,8 @@ fn parse_entry(
         Entry {
             keys,
             vals,
-            extra: leftover.into_iter().collect(),
+            extra: Vec::new(),
+            trailing: leftover,
         },
         next,
     ))
@@ -620,10 +625,9 @@ fn parse_vals(rest: &str, hints: &Hints) -> (Vec<ValField>, Option<String>) {
         let after = &s[colon + 1..];
         // `.graph`: a 20-cell bar of `#` and spaces, the only value with inner spaces.
         if let Some(bar) = after.strip_prefix(' ') {
-            if bar.len() >= 20
-                && bar.as_bytes()[..20].iter().all(|&b| b == b'#' || b == b' ')
-                && bar.as_bytes()[0] == b'#'
-            {
+            // A `%10llu` number has a digit in its first ten columns; a bar of an entry
+            // far below the maximum is all spaces.
+            if bar.len() >= 20 && bar.as_bytes()[..20].iter().all(|&b| b == b'#' || b == b' ') {
                 let filled = bar.as_bytes()[..20].iter().filter(|&&b| b == b'#').count();
                 out.push(ValField {
                     name: label.to_owned(),
@@ -750,6 +754,9 @@ impl fmt::Display for Entry {
                 }
                 Val::Text(t) => write!(f, " {name}: {t}")?,
             }
+        }
+        if let Some(t) = &self.trailing {
+            write!(f, " {t}")?;
         }
         for line in &self.extra {
             write!(f, "\n{line}")?;
