@@ -407,9 +407,8 @@ fn parse_entry(
             start + 1,
         ),
         _ => {
-            // A stacktrace key: frames on the following lines, up to a line starting `}`.
-            // A stacktrace key: frames on the following lines, up to the line with the `}`
-            // (at its start, or after the key fields that follow the stack).
+            // A stacktrace key: frames on the following lines, up to the line that starts
+            // with the `}` (or with the `, name: value` fields that follow the stack).
             let mut key = first[open + 1..].to_owned();
             let mut j = start + 1;
             loop {
@@ -421,7 +420,10 @@ fn parse_entry(
                     ));
                 };
                 key.push('\n');
-                if let Some(close) = line.rfind('}') {
+                let t = line.trim_start();
+                if let (true, Some(close)) =
+                    (t.starts_with('}') || t.starts_with(','), line.rfind('}'))
+                {
                     key.push_str(&line[..close]);
                     break (key, &line[close + 1..], j + 1);
                 }
@@ -547,7 +549,8 @@ fn parse_labeled(t: &str) -> Option<(String, u64, usize)> {
 
 fn key_value(name: &str, raw: &str, hint: Hint<'_>) -> KeyValue {
     let t = raw.trim();
-    if is_stack_name(name) || hint == Hint::Known(Some("stacktrace")) {
+    // Only a stack spreads over lines.
+    if is_stack_name(name) || hint == Hint::Known(Some("stacktrace")) || raw.contains('\n') {
         return KeyValue::Stack(frames(raw));
     }
     if let Hint::Known(m) = hint {
@@ -576,9 +579,6 @@ fn key_value(name: &str, raw: &str, hint: Hint<'_>) -> KeyValue {
         }
     }
     // No trigger info, or a value not of its declared form: read it by its shape.
-    if raw.contains('\n') {
-        return KeyValue::Stack(frames(raw));
-    }
     if let Some(k) = parse_log2(t) {
         return KeyValue::Log2(k);
     }
