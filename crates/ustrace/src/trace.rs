@@ -398,7 +398,10 @@ impl EventFile {
     /// Publishes the registered triggers to the record path and sets the flags that send
     /// records through them.
     pub(crate) fn publish_triggers(&self, list: &[Arc<Registered>]) {
-        let conditional = list.iter().any(|t| t.filter.is_some() || t.hook.is_some());
+        // Hist triggers need the record, as the kernel's EVENT_CMD_FL_NEEDS_REC.
+        let conditional = list
+            .iter()
+            .any(|t| t.filter.is_some() || t.hook.is_some() || t.hist.is_some());
         self.set_trigger_flags(!list.is_empty(), conditional);
         self.triggers.replace(if list.is_empty() {
             None
@@ -456,6 +459,15 @@ impl SoftSwitch for EventFile {
 
     fn release_soft_mode(&self) {
         self.soft_mode_put()
+    }
+
+    fn set_hist_paused(&self, paused: bool) {
+        let guard = crate::rcu::read_lock();
+        if let Some(list) = self.triggers.get(&guard) {
+            for hist in list.iter().filter_map(|t| t.hist.as_ref()) {
+                hist.paused.store(paused, Ordering::Relaxed);
+            }
+        }
     }
 }
 

@@ -113,6 +113,7 @@ enum File {
     EventEnable(Arc<EventFile>),
     EventFilter(Arc<Instance>, Arc<EventFile>),
     EventTrigger(Arc<Instance>, Arc<EventFile>),
+    EventHist(Arc<EventFile>),
     EventFormat(Arc<EventFile>),
     EventId(Arc<EventFile>),
     Cpu(Arc<Instance>, usize, &'static str),
@@ -199,6 +200,13 @@ fn resolve_in(instance: Arc<Instance>, parts: &[&str], top: bool) -> Result<Node
                         return Err(Errno::ENOENT);
                     }
                     Node::File(File::EventTrigger(instance.clone(), file))
+                }
+                [name, "hist"] => {
+                    let file = event(name)?;
+                    if *system == "ftrace" && file.event.name() != "print" {
+                        return Err(Errno::ENOENT);
+                    }
+                    Node::File(File::EventHist(file))
                 }
                 [name, "format"] => Node::File(File::EventFormat(event(name)?)),
                 [name, "id"] => Node::File(File::EventId(event(name)?)),
@@ -349,6 +357,7 @@ impl FileSystem for TraceFs {
                 entries.extend(["format", "id"].map(file));
                 if !ftrace || event_file.event.name() == "print" {
                     entries.push(file("trigger"));
+                    entries.push(file("hist"));
                 }
             }
             Dir::Instances => {
@@ -483,6 +492,7 @@ fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
                 Ok(data.len())
             }),
         ),
+        File::EventHist(event_file) => text(crate::hist::show(&event_file)),
         File::EventFormat(event_file) => text(event_file.event.format_file()),
         File::EventId(event_file) => text(format!("{}\n", event_file.event.id.0)),
         File::HeaderPage => text(header_page()),
