@@ -3,9 +3,14 @@
 //! against golden files (`tests/golden/hist/*.out`, rewritten with `USTRACE_BLESS=1` — review
 //! the diff), the errors, and property tests of the parser.
 
+mod common;
+
+use common::DefaultSignals;
 use proptest::prelude::*;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 // The parser and the pictures are modules of the binary; the tests compile the same files
 // (as top-level modules, so their `super::parse` is this crate's `parse`).
@@ -484,6 +489,171 @@ fn the_kernels_tracefs_says_why_it_has_no_hist() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("CONFIG_HIST_TRIGGERS"), "{err}");
     }
+}
+
+// ---- against a live process ----
+
+/// A `ustrace demo --serve` on a private socket directory, killed and cleaned up on drop.
+struct Demo {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Demo {
+    fn start() -> Demo {
+        let dir = std::env::temp_dir().join(format!("ustrace-hist-demo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = Command::new(BIN)
+            .args(["demo", "--serve", "--workers", "2", "--rate", "2000"])
+            .env("USTRACE_SOCKET_DIR", &dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .default_signals()
+            .spawn()
+            .unwrap();
+        let socket = dir.join(format!("{}.sock", child.id()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            if let Some(st) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+                panic!("demo exited {st} before serving: {err}");
+            }
+            assert!(Instant::now() < deadline, "the demo never served");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Drain its stderr so that it never blocks on a full pipe.
+        let mut err = child.stderr.take().unwrap();
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        Demo { child, dir }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .env("USTRACE_SOCKET_DIR", &self.dir)
+            .env("COLUMNS", "80")
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "ustrace {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The hist file the process serves, once its triggers are paused (so that `cat` and
+/// `hist` see the same numbers).
+fn paused_hist(demo: &Demo, pid: &str, event: &str, trigger: &str) -> parse::HistFile {
+    let path = format!("events/{event}/trigger");
+    demo.ok(&["write", "-p", pid, &path, trigger]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = demo.ok(&["cat", "-p", pid, &format!("events/{event}/hist")]);
+        let file = parse::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let hits = file.sections[0].totals.as_ref().and_then(|t| t.hits);
+        if hits.is_some_and(|h| h >= 20) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no hits on {event}:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    demo.ok(&[
+        "write",
+        "-p",
+        pid,
+        "--append",
+        &path,
+        &format!("{trigger}:pause"),
+    ]);
+    let text = demo.ok(&["cat", "-p", pid, &format!("events/{event}/hist")]);
+    assert!(text.contains("[paused]"), "{text}");
+    parse::parse(&text).unwrap()
+}
+
+#[test]
+fn the_hist_of_a_running_process_is_drawn() {
+    let demo = Demo::start();
+    let pid = demo.child.id().to_string();
+    let p = pid.as_str();
+
+    // A latency distribution: every hit lands in one bucket row.
+    let file = paused_hist(&demo, p, "kv/get", "hist:keys=latency_ns.log2");
+    let hits = file.sections[0].totals.as_ref().unwrap().hits.unwrap();
+    let chart = demo.ok(&["hist", "-p", p, "kv:get"]);
+    assert!(
+        chart.starts_with("kv:get  hist:keys=latency_ns.log2:vals=hitcount"),
+        "{chart}"
+    );
+    let rows: Vec<(String, u64)> = chart
+        .lines()
+        .skip_while(|l| !l.starts_with("latency_ns.log2"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("Hits:"))
+        .filter(|l| !l.starts_with('⋮'))
+        .map(|l| {
+            let mut w = l.split_whitespace();
+            (
+                w.next().unwrap().to_owned(),
+                w.next().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+    assert!(!rows.is_empty(), "{chart}");
+    assert_eq!(rows.iter().map(|r| r.1).sum::<u64>(), hits, "{chart}");
+    assert!(chart.contains(&format!("Hits: {hits}  ")), "{chart}");
+    // The rows are the buckets in order, each one the next power of two.
+    let upper = |label: &str| -> u64 { label.rsplit('-').next().unwrap().parse().unwrap() };
+    for pair in rows.windows(2) {
+        assert!(upper(&pair[1].0) > upper(&pair[0].0), "{chart}");
+    }
+
+    // A flame graph of the stacks that reach kv:put.
+    let file = paused_hist(&demo, p, "kv/put", "hist:keys=common_stacktrace");
+    let hits = file.sections[0].totals.as_ref().unwrap().hits.unwrap();
+    let dir = demo.dir.clone();
+    let (svg, folded) = (dir.join("put.svg"), dir.join("put.folded"));
+    let chart = demo.ok(&[
+        "hist",
+        "-p",
+        p,
+        "--svg",
+        svg.to_str().unwrap(),
+        "--folded",
+        folded.to_str().unwrap(),
+        "kv/put",
+    ]);
+    assert!(chart.contains("common_stacktrace"), "{chart}");
+    let folded = std::fs::read_to_string(&folded).unwrap();
+    let weight: u64 = folded
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(weight, hits, "{folded}");
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<?xml") && svg.contains(&format!("all ({hits} hitcount")));
+
+    // And an event without a hist trigger says so.
+    let out = demo.run(&["hist", "-p", p, "kv:delete"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no hist trigger"), "{err}");
 }
 
 // ---- property tests ----
