@@ -43,6 +43,7 @@ Examples:
   ustrace write -p 1234 events/kv/enable 1
   ustrace cat -p 1234 trace
   ustrace pipe -p 1234                  stream events until Ctrl-C
+  ustrace hist -p 1234 kv:get           draw the event's hist (after a hist: trigger)
   sudo ustrace mount -p 1234 /mnt/t &   then use it as /sys/kernel/tracing:
   echo 1 > /mnt/t/events/kv/enable; cat /mnt/t/trace_pipe";
 

@@ -584,7 +584,10 @@ fn paused_hist(demo: &Demo, pid: &str, event: &str, trigger: &str) -> parse::His
     ]);
     let text = demo.ok(&["cat", "-p", pid, &format!("events/{event}/hist")]);
     assert!(text.contains("[paused]"), "{text}");
-    parse::parse(&text).unwrap()
+    let file = parse::parse(&text).unwrap();
+    // The reader understands ustrace's hist file to the byte.
+    assert_eq!(file.to_string(), text);
+    file
 }
 
 #[test]
