@@ -227,6 +227,7 @@ const CHARTS: &[(&str, &str, &[&str], usize)] = &[
     ),
     ("syscall_execname_60.out", "syscall_execname", &[], 60),
     ("sys_enter_syscall.out", "sys_enter_syscall", &[], 80),
+    ("kmalloc_sym_offset_50.out", "kmalloc_sym_offset", &[], 50),
     ("fork_child_comm.out", "fork_child_comm", &[], 80),
     ("netif_five.out", "netif_five", &[], 80),
     ("wakeup_latency_log2.out", "wakeup_latency_log2", &[], 80),

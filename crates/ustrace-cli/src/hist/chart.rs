@@ -54,6 +54,13 @@ fn fit_middle(s: &str, width: usize) -> String {
 /// gives way first, so every part keeps its start and end (`sys_inotify_…_watch, gmain-975`).
 fn fit_parts(parts: &[String], width: usize) -> String {
     let joined = parts.join(", ");
+    if joined.chars().count() <= width {
+        return joined;
+    }
+    // A `.sym-offset` symbol gives up its `+off/size` before any of its name.
+    let stripped: Vec<String> = parts.iter().map(|p| strip_offset(p)).collect();
+    let parts = &stripped[..];
+    let joined = parts.join(", ");
     if joined.chars().count() <= width || parts.len() < 2 {
         return fit_middle(&joined, width);
     }
