@@ -267,3 +267,30 @@ pub fn show(file: &EventFile) -> String {
         .map(|(n, h)| crate::stage::hist::show::section(h, n))
         .collect()
 }
+
+/// Removes every `hist`, `enable_hist` and `disable_hist` trigger of `file` (a truncating
+/// open of its `trigger` file, as the kernel's `unreg_all`).
+pub fn unregister_all(file: &Arc<EventFile>) {
+    let removed: Vec<Arc<Registered>> = {
+        let mut list = file.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
+        let (gone, kept): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut *list).into_iter().partition(|t| {
+                t.hook.is_none()
+                    && matches!(
+                        t.trigger.command().kind,
+                        Kind::Hist { .. } | Kind::EnableHist { .. } | Kind::DisableHist { .. }
+                    )
+            });
+        *list = kept;
+        if !gone.is_empty() {
+            file.publish_triggers(&list);
+        }
+        gone
+    };
+    for t in removed {
+        if let Some(target) = &t.target {
+            target.release_soft_mode();
+        }
+        file.soft_mode_put();
+    }
+}
