@@ -97,12 +97,14 @@ fn read_source(args: &HistArgs) -> Result<(String, String), String> {
         let full = dir.join(&path);
         std::fs::read(&full).map_err(|e| {
             let mut m = format!("{}: {e}", full.display());
-            if e.kind() == std::io::ErrorKind::NotFound
-                && dir.join(&path).parent().is_some_and(|p| p.is_dir())
-            {
-                m.push_str(
-                    " (the event has no hist file: a kernel built without CONFIG_HIST_TRIGGERS?)",
-                );
+            if e.kind() == std::io::ErrorKind::NotFound {
+                if full.parent().is_some_and(|p| p.is_dir()) {
+                    m.push_str(
+                        " (the event has no hist file: a kernel built without CONFIG_HIST_TRIGGERS?)",
+                    );
+                } else {
+                    m.push_str(&format!(" (no event {event} there)"));
+                }
             }
             m
         })?

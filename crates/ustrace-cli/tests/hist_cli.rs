@@ -459,6 +459,7 @@ fn a_tracefs_directory_is_read_like_the_kernels() {
         .contains("glib-pacrunner"));
     let err = failure(&["hist", "--tracefs", d, "kmem:kfree"]);
     assert!(err.contains("kmem/kfree/hist"), "{err}");
+    assert!(err.contains("no event kmem:kfree there"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
