@@ -101,6 +101,7 @@ pub mod dynevent_cmd;
 pub mod event;
 pub mod event_file;
 pub mod filter;
+pub mod hist;
 pub mod marker;
 pub mod options;
 pub mod output;

@@ -50,6 +50,12 @@ const SUPPORTED: &[&str] = &[
     "<trigger>[:count][if <filter>]",
     "enable_event:<system>:<event>",
     "disable_event:<system>:<event>",
+    // trigger/trigger-hist*.tc and the hist lines of the kernel's README
+    "hist trigger",
+    "enable_hist:<system>:<event>",
+    "disable_hist:<system>:<event>",
+    "<var1>=<field|var_ref|numeric_literal>",
+    "[:nohitcount]",
 ];
 
 /// Patterns for things this build does not have: listing them would make the selftests
@@ -68,8 +74,6 @@ const UNSUPPORTED: &[&str] = &[
     "onchange(var)",
     "snapshot()",
     "trace(<synthetic_event>",
-    "hist trigger",
-    "enable_hist",
     // fetch forms and types the parser refuses
     "%pd/%pD",
     "this_cpu_read(<fetcharg>)",
