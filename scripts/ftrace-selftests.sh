@@ -86,6 +86,8 @@ trap cleanup EXIT
 [ -n "$logdir" ] || logdir=$work/logs
 mkdir -p "$logdir"
 logdir=$(cd "$logdir" && pwd)
+# Logs of an earlier run would be taken for this one's (they are found by case number).
+rm -f "$logdir"/ftracetest.log "$logdir"/*-log.*
 
 if [ -z "$pid" ]; then
     [ -x "$fixture" ] || skip "no fixture program at $fixture (cargo build -p ustrace-cli)"

@@ -42,6 +42,20 @@ fn dir_of(name: &str) -> &str {
     name.split('/').next().unwrap_or(name)
 }
 
+/// Runs the script on `tests` (all of its directories when empty).
+fn run(results: &Path, logs: &Path, tests: &[&str]) -> std::process::Output {
+    Command::new("bash")
+        .arg(repo().join("scripts/ftrace-selftests.sh"))
+        .args(["--ustrace", BIN, "--fixture", FIXTURE])
+        .arg("--results")
+        .arg(results)
+        .arg("--logdir")
+        .arg(logs)
+        .args(tests)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn the_kernels_ftrace_selftests_pass_where_expected() {
     let scratch = std::env::temp_dir().join(format!("ustrace-ftrace-st-{}", std::process::id()));
@@ -49,15 +63,7 @@ fn the_kernels_ftrace_selftests_pass_where_expected() {
     std::fs::create_dir_all(&scratch).unwrap();
     let results = scratch.join("results");
     let logs = scratch.join("logs");
-    let out = Command::new("bash")
-        .arg(repo().join("scripts/ftrace-selftests.sh"))
-        .args(["--ustrace", BIN, "--fixture", FIXTURE])
-        .arg("--results")
-        .arg(&results)
-        .arg("--logdir")
-        .arg(&logs)
-        .output()
-        .unwrap();
+    let out = run(&results, &logs, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.code() == Some(4) {
         let why = stderr
@@ -142,6 +148,30 @@ fn the_kernels_ftrace_selftests_pass_where_expected() {
             }
         }
     }
+
+    // The fixture fires its events from threads of its own, so a test that reads the trace
+    // right after its shell forked races with the fixture seeing that fork; under load it
+    // can lose. A test that passed before gets two more runs alone, and passing in one of
+    // them is reported here as such.
+    let mut still_failing = Vec::new();
+    for name in regressions {
+        let file = name.trim_end_matches(" (instance)");
+        let retried = (1..=2).find(|attempt| {
+            let r = scratch.join(format!("retry-{attempt}"));
+            let out = run(&r, &scratch.join(format!("retry-logs-{attempt}")), &[file]);
+            out.status.success()
+                && parse(&std::fs::read_to_string(&r).unwrap_or_default())
+                    .get(&name)
+                    .is_some_and(|(result, _)| result == "PASS")
+        });
+        match retried {
+            Some(n) => {
+                println!("FLAKY: {name} failed in the full run and passed alone (retry {n})")
+            }
+            None => still_failing.push(name),
+        }
+    }
+    let regressions = still_failing;
     let _ = std::fs::remove_dir_all(&scratch);
 
     for c in &changed {

@@ -43,6 +43,17 @@ ustrace::trace_event! {
 }
 
 ustrace::trace_event! {
+    /// The woken worker is back on a run queue.
+    pub fn sched::sched_wakeup(comm: &str, pid: i32, cpu: i32) {
+        comm: FixedStr<16> = FixedStr::new(comm),
+        pid: i32 = pid,
+        prio: i32 = 120,
+        target_cpu: i32 = cpu,
+    }
+    print "comm=%s pid=%d prio=%d target_cpu=%03d", comm, pid, prio, target_cpu;
+}
+
+ustrace::trace_event! {
     /// The worker started a helper thread.
     pub fn sched::sched_process_fork(parent: (&str, i32), child: (&str, i32)) {
         parent_comm: FixedStr<16> = FixedStr::new(parent.0),
@@ -80,6 +91,15 @@ ustrace::trace_event! {
     }
     print "call_site=%pS ptr=%p bytes_req=%lu bytes_alloc=%lu gfp_flags=0x%lx node=%d accounted=%d",
         call_site, ptr, bytes_req, bytes_alloc, gfp_flags, node, accounted;
+}
+
+ustrace::trace_event! {
+    /// A buffer goes back (the kernel's `kmem:kfree`).
+    pub fn kmem::kfree(call_site: u64, ptr: u64) as kfree_event {
+        call_site: u64 = call_site,
+        ptr: u64 = ptr,
+    }
+    print "call_site=%pS ptr=%p", call_site, ptr;
 }
 
 ustrace::trace_event! {
@@ -144,12 +164,21 @@ fn cpu() -> i32 {
 #[inline(never)]
 fn fixture_release(buf: Vec<u8>) {
     let ptr = buf.as_ptr() as u64;
-    drop(buf);
-    kmem_cache_free::trace(
-        fixture_release as fn(Vec<u8>) as usize as u64,
-        ptr,
-        "fixture_buf",
-    );
+    let site = fixture_release as fn(Vec<u8>) as usize as u64;
+    kfree_event::trace(site, ptr);
+    kfree(Box::into_raw(Box::new(buf)));
+    kmem_cache_free::trace(site, ptr, "fixture_buf");
+}
+
+/// The fixture's free, named as the kernel's, so that `f:` probes on `kfree` in the
+/// selftests find it (with its one parameter, as the kernel's `kfree(const void *object)`).
+#[no_mangle]
+#[inline(never)]
+extern "C" fn kfree(object: *mut Vec<u8>) {
+    if !object.is_null() {
+        // SAFETY: every caller passes a pointer from Box::into_raw, freed only here.
+        drop(unsafe { Box::from_raw(object) });
+    }
 }
 
 /// Allocates a buffer and records it, from this function.
@@ -177,6 +206,48 @@ pub extern "C" fn kernel_clone(flags: u64) -> i32 {
     child.join().unwrap_or(0)
 }
 
+/// An open file as the fixture's `vfs_read` sees it (shaped like a small kernel `struct
+/// file`: the selftests probe `vfs_read` and name its `file` parameter and members).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct file {
+    f_mode: u32,
+    f_flags: u32,
+    f_fd: i32,
+}
+
+/// Opens `path` into `f`: the fixture's open, named as the kernel's, so that `f:` probes on
+/// `vfs_open` (entry and return, `$arg1` at both) in the selftests find it. Returns 0 or
+/// -errno, as the kernel's does.
+#[no_mangle]
+#[inline(never)]
+extern "C" fn vfs_open(path: *const libc::c_char, f: *mut file) -> i32 {
+    // SAFETY: the only caller passes a NUL-terminated path and a live `file`.
+    unsafe {
+        let fd = libc::openat(libc::AT_FDCWD, path, (*f).f_flags as i32);
+        if fd < 0 {
+            return -*libc::__errno_location();
+        }
+        (*f).f_fd = fd;
+        0
+    }
+}
+
+/// Reads from an open file: the fixture's read, named as the kernel's, so that `f:` probes
+/// on `vfs_read` (and on its parameters by name) in the selftests find it.
+#[no_mangle]
+#[inline(never)]
+extern "C" fn vfs_read(file: *const file, buf: *mut u8, count: usize, pos: *mut i64) -> isize {
+    // SAFETY: the only caller passes a live `file`, a buffer of `count` bytes and a position.
+    unsafe {
+        let n = libc::pread((*file).f_fd, buf.cast(), count, (*pos) as libc::off_t);
+        if n > 0 {
+            *pos += n as i64;
+        }
+        n as isize
+    }
+}
+
 fn work() {
     let name = "fixture-work";
     let me = tid();
@@ -193,6 +264,7 @@ fn work() {
         sched_switch::trace((name, me), ("swapper", 0));
         std::thread::sleep(Duration::from_micros(200));
         sched_waking::trace(name, me, cpu());
+        sched_wakeup::trace(name, me, cpu());
 
         let buf = fixture_alloc(64 + (round % 8) as usize * 32);
         fixture_release(buf);
@@ -202,9 +274,15 @@ fn work() {
             stat.as_ptr() as u64,
             libc::O_RDONLY as i64,
         );
-        // SAFETY: a NUL-terminated path and plain flags; the fd is closed at once.
-        let fd = unsafe { libc::openat(libc::AT_FDCWD, stat.as_ptr(), libc::O_RDONLY) };
-        if fd >= 0 {
+        let mut f = file {
+            f_mode: 1,
+            f_flags: libc::O_RDONLY as u32,
+            f_fd: -1,
+        };
+        if vfs_open(stat.as_ptr(), &mut f) == 0 {
+            let fd = f.f_fd;
+            let (mut buf, mut pos) = ([0u8; 64], 0i64);
+            vfs_read(&f, buf.as_mut_ptr(), buf.len(), &mut pos);
             // SAFETY: fd was just opened by this thread.
             unsafe { libc::close(fd) };
         }
@@ -288,6 +366,12 @@ fn proc_connector() {
         return;
     }
     CONNECTOR.store(true, Ordering::Relaxed);
+    // The kernel records a fork inside fork(2); this thread learns of it after a wakeup. A
+    // real-time priority (the lowest) keeps that wakeup ahead of the machine's other work,
+    // so the fork is recorded before the shell that forked reads the trace. Best effort.
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: plain syscall on this thread with a valid sched_param.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
     let mut buf = [0u8; 4096];
     loop {
         // SAFETY: buf is writable for its whole length.
