@@ -17,6 +17,7 @@
 #            (USTRACE_SOCKET_DIR must reach its socket)
 # --results  write one line per test: RESULT DIR/FILE.tc[ (instance)]
 # --logdir   where ftracetest writes its logs (kept for every test)
+# -v, -vv, -vvv, -d, --stop-fail   passed to ftracetest (-v prints the log of each failure)
 # TEST/DIR   relative to test.d (default: the directories listed in DIRS below)
 #
 # The selftests come from target/ftrace-selftests (extracted from
@@ -34,6 +35,7 @@ pid=
 results=
 logdir=
 tests=()
+ftopts=()
 prepare=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -43,7 +45,8 @@ while [ $# -gt 0 ]; do
     --results) results=$2; shift 2 ;;
     --logdir) logdir=$2; shift 2 ;;
     --prepare) prepare=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -v|-vv|-vvv|-d|--stop-fail) ftopts+=("$1"); shift ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) tests+=("$1"); shift ;;
     esac
 done
@@ -111,6 +114,7 @@ if [ ${#tests[@]} -eq 0 ]; then
     tests=("${DIRS[@]}")
 fi
 for t in "${tests[@]}"; do args+=("$ft/test.d/$t"); done
+args=(${ftopts[@]+"${ftopts[@]}"} "${args[@]}")
 
 # Inside the namespace: unmount every tracefs (the kernel's), mount ours where ftracetest
 # looks first, run it, unmount. The namespace (and any mount left in it) dies with the shell.
