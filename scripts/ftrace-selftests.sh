@@ -17,6 +17,8 @@
 #            (USTRACE_SOCKET_DIR must reach its socket)
 # --results  write one line per test: RESULT DIR/FILE.tc[ (instance)]
 # --logdir   where ftracetest writes its logs (kept for every test)
+# --update   rewrite tests/ftrace-selftests.expected from this run (FAIL reasons are kept;
+#            a new FAIL needs one written by hand). Run it on all the default directories.
 # -v, -vv, -vvv, -d, --stop-fail   passed to ftracetest (-v prints the log of each failure)
 # TEST/DIR   relative to test.d (default: the directories listed in DIRS below)
 #
@@ -37,6 +39,8 @@ logdir=
 tests=()
 ftopts=()
 prepare=0
+update=0
+PLACEHOLDER="(why it fails: not written yet)"
 while [ $# -gt 0 ]; do
     case "$1" in
     --ustrace) ustrace=$2; shift 2 ;;
@@ -45,8 +49,9 @@ while [ $# -gt 0 ]; do
     --results) results=$2; shift 2 ;;
     --logdir) logdir=$2; shift 2 ;;
     --prepare) prepare=1; shift ;;
+    --update) update=1; shift ;;
     -v|-vv|-vvv|-d|--stop-fail) ftopts+=("$1"); shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) tests+=("$1"); shift ;;
     esac
 done
@@ -110,6 +115,10 @@ if [ -z "$pid" ]; then
 fi
 
 args=()
+if [ "$update" = 1 ] && [ ${#tests[@]} -gt 0 ]; then
+    echo "ftrace-selftests: --update takes no test list (it rewrites the whole file)" >&2
+    exit 2
+fi
 if [ ${#tests[@]} -eq 0 ]; then
     tests=("${DIRS[@]}")
 fi
@@ -170,7 +179,32 @@ sed -n 's/^\[\([0-9]*\)\]\(.*\)\t\[\([A-Z]*\)\]$/\1 \3/p' "$log" | while read -r
     path=${first#*: }
     name=${path#"$ft/test.d/"}
     case "$first" in "execute (instance) "*) name="$name (instance)" ;; esac
-    echo "$result $name"
+    # Why a test did not run, in ftracetest's words (its requires: check, a missing module).
+    why=
+    case "$result" in UNSUPPORTED|UNRESOLVED|UNTESTED)
+        why=$(grep -E '^(Required .*|No .* module - .*)$' "$f" | tail -1 || true) ;;
+    esac
+    echo "$result $name${why:+ # $why}"
 done >"$table"
 if [ -n "$results" ]; then cp "$table" "$results"; else cat "$table"; fi
+
+# --update rewrites the expectations with this run's outcomes: a FAIL keeps the reason
+# written for it before, or gets a placeholder the ftrace_selftests test refuses, so that
+# each new failure is explained by hand.
+if [ "$update" = 1 ]; then
+    expected=$root/tests/ftrace-selftests.expected
+    new=$work/expected
+    grep '^#' "$expected" >"$new" || true
+    while read -r result rest; do
+        name=${rest%% # *}
+        if [ "$result" = FAIL ]; then
+            why=$(grep -F "FAIL $name # " "$expected" | head -1 | sed 's/^[^#]*# //' || true)
+            echo "FAIL $name # ${why:-$PLACEHOLDER}"
+        else
+            echo "$result $rest"
+        fi
+    done <"$table" >>"$new"
+    cp "$new" "$expected"
+    echo "ftrace-selftests: wrote $expected" >&2
+fi
 exit 0
