@@ -4,7 +4,8 @@
 # tracefs, and in a private mount namespace (unshare -m) the kernel's tracefs mounts are
 # taken away and the process's FUSE tracefs is mounted at /sys/kernel/tracing, where
 # ftracetest looks. Nothing outside that namespace sees the mount; ftracetest's one write
-# outside tracefs (/proc/sys/kernel/sched_rt_runtime_us) goes to a file bound over it there.
+# outside tracefs (/proc/sys/kernel/sched_rt_runtime_us) goes to a file bound over it there,
+# and its modprobe/rmmod of the kernel's sample modules are refused.
 #
 #   scripts/ftrace-selftests.sh [--ustrace BIN] [--pid PID] [--results FILE] [--logdir DIR]
 #                               [TEST.tc|DIR ...]
@@ -138,6 +139,14 @@ if grep -qw tracefs /proc/self/mounts; then
 fi
 echo 950000 > "$WORK/sched_rt_runtime_us"
 mount --bind "$WORK/sched_rt_runtime_us" /proc/sys/kernel/sched_rt_runtime_us || exit 1
+# Some tests load and unload the kernel's sample modules: the machine's kernel is not what
+# is under test, so modprobe and rmmod refuse here (those tests end UNRESOLVED).
+mkdir -p "$WORK/bin"
+for tool in modprobe rmmod insmod; do
+    printf '#!/bin/sh\necho "ftrace-selftests: no kernel modules under ustrace: %s $*" >&2\nexit 1\n' "$tool" >"$WORK/bin/$tool"
+    chmod +x "$WORK/bin/$tool"
+done
+export PATH="$WORK/bin:$PATH"
 "$USTRACE" mount -p "$PID" /sys/kernel/tracing 2>"$WORK/mount.err" &
 m=$!
 for _ in $(seq 1 500); do
