@@ -3,8 +3,10 @@
 //! the tracefs of `ustrace-ftrace-fixture` at /sys/kernel/tracing in a private mount
 //! namespace and runs `ftracetest` there. `tests/ftrace-selftests.expected` holds each
 //! test's outcome with the reason of every one that is not PASS; this test fails when a test
-//! listed as PASS does not pass, or when the run and the list do not name the same tests.
-//! It prints the whole table and the counts per directory either way.
+//! listed as PASS does not pass (in the full run nor in two runs of its own), when a FAIL
+//! has no reason, or when the run and the list do not name the same tests. It prints the
+//! whole table and the counts per directory either way; without root, FUSE or the selftests
+//! it prints `skipped: <why>` and passes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
