@@ -58,19 +58,28 @@
 //!
 //! # Clearing while writers run
 //!
-//! [`TracingMap::clear`] is meant to run with writers paused (the hist trigger's `pause`/`clear`
-//! does so, as the kernel does with `synchronize_rcu`). If writers do run concurrently, nothing
-//! outside the map's arrays is touched and no operation panics or hangs, but the result is
-//! loose: an update racing with the clear can land in the cleared sums (counts may be torn),
-//! an element handed out before the clear can be handed out again for a new key after it, a
-//! key being inserted during the clear may or may not survive, and the key bytes of an [`Elt`]
-//! obtained before the clear can change under a caller that still holds it and the new claim
-//! rewrites them.
+//! The kernel clears a histogram with its writers paused. [`TracingMap::clear`] is also correct
+//! with writers running, in this sense: when it returns, and once the writers have stopped,
+//! the map is consistent — every published element sits in one slot under its own key, is found
+//! by `lookup`, and is counted by `len`. Claims of new keys never straddle a clear: a clear
+//! waits for those under way (a handful of instructions each) and blocks new ones, and a claim
+//! whose probe began before a clear probes again. What a concurrent clear does not give:
+//!
+//! - An update to an [`Elt`] obtained before the clear can land after the reset, in the zeroed
+//!   sums, even after the element is claimed again for another key: counts may be torn. A new
+//!   key inserted during the clear is refused (`None`, not counted as a drop).
+//! - An [`Elt`] held across the clear can be claimed again for another key; its [`Elt::key`]
+//!   slice then changes under its holder. Pause the writers (and do not keep `Elt`s across a
+//!   clear) to avoid both.
+//!
+//! `clear` itself takes a mutex (it only serialises clears) and may yield its CPU while it waits
+//! for a claim to finish; it is a control-path operation.
 
 #![warn(missing_docs)]
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// The shape of a map: fixed at [`TracingMap::new`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,6 +145,32 @@ pub struct TracingMap {
     /// Elements handed out; may run past `max_elts` by the number of racing failed claims.
     next_elt: AtomicUsize,
     drops: AtomicU64,
+    /// Inserts between deciding to claim and publishing (or giving the slot back).
+    claimers: AtomicUsize,
+    /// Odd while a clear runs; bumped twice by each clear, so a claim can tell that its probe
+    /// is older than the last clear.
+    clear_seq: AtomicUsize,
+    /// Serialises clears (control path only), so that `clear_seq` is odd exactly while one runs.
+    clear_lock: Mutex<()>,
+}
+
+/// What a claim came to.
+enum Claim<'a> {
+    /// Claimed (`Some`), or refused: the pool is exhausted or a clear is under way (`None`).
+    Done(Option<&'a Elt>),
+    /// Another thread took the slot first: its current word, to re-examine.
+    Taken(u64),
+    /// A clear ran since the probe started: probe again.
+    Stale,
+}
+
+/// Holds `claimers` up for the length of one claim.
+struct ClaimGuard<'a>(&'a AtomicUsize);
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// One element: a key, its sums and its variables. Obtained from [`TracingMap::insert`],
@@ -230,15 +265,18 @@ impl Elt {
         })
     }
 
-    /// The key bytes, `key_size` long.
+    /// The key bytes, `key_size` long. Stable for as long as the element is not claimed
+    /// again after a [`TracingMap::clear`].
     pub fn key(&self) -> &[u8] {
         let words = &self.words[..self.key_words as usize];
         // SAFETY: `words` is `key_words` initialised `AtomicU64`s, which have the size and
         // layout of `u64`, so its first `key_size <= 8 * key_words` bytes are in bounds and
         // initialised. The key words are written only by the insert that claims this element,
         // before it publishes the element with a release store that every way of reaching an
-        // `&Elt` observes with an acquire load; so no write races with this read, except after
-        // a `clear` run concurrently with writers, which the module documentation rules out.
+        // `&Elt` observes with an acquire load, and no claim overlaps a clear; so no write
+        // races with this read unless the caller keeps this `&Elt` across a `clear` while
+        // writers claim the element again — the one misuse the module documentation warns of,
+        // where the bytes read are some mix of two keys, still inside this element.
         unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), self.key_size as usize) }
     }
 
@@ -377,6 +415,9 @@ impl TracingMap {
             elts: elts.into_boxed_slice(),
             next_elt: AtomicUsize::new(0),
             drops: AtomicU64::new(0),
+            claimers: AtomicUsize::new(0),
+            clear_seq: AtomicUsize::new(0),
+            clear_lock: Mutex::new(()),
         })
     }
 
@@ -386,7 +427,8 @@ impl TracingMap {
     }
 
     /// Finds `key`'s element or claims a new one for it. `None` when the pool is exhausted (a
-    /// drop is counted) or `key` is not `key_size` bytes long (not counted: a caller bug).
+    /// drop is counted), when a new key meets a [`clear`](Self::clear) under way, or when `key`
+    /// is not `key_size` bytes long (neither counted).
     #[inline]
     pub fn insert(&self, key: &[u8]) -> Option<&Elt> {
         self.find(key, true)
@@ -417,6 +459,22 @@ impl TracingMap {
     /// is freed or allocated. Pause writers first (see the module documentation for what a
     /// concurrent writer can observe).
     pub fn clear(&self) {
+        // Stop new claims and wait out those under way, so that no claim straddles the reset:
+        // one would publish an element the reset has handed back to the pool, and the element
+        // would end up in two slots under two keys. Claims are short and never wait for a
+        // clear, so this wait is short too. SeqCst on both sides (here and in `claim`): either
+        // the claim sees the odd `clear_seq` or this loop sees the claim.
+        let _serial = self.clear_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.clear_seq.fetch_add(1, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while self.claimers.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < SPINS_BEFORE_YIELD {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
         // Slots first, so that no new lookup reaches an element being zeroed.
         for slot in self.table.iter() {
             slot.store(0, Ordering::Relaxed);
@@ -428,6 +486,7 @@ impl TracingMap {
         self.drops.store(0, Ordering::Relaxed);
         // Release: a claim that takes an element after this sees it zeroed.
         self.next_elt.store(0, Ordering::Release);
+        self.clear_seq.fetch_add(1, Ordering::Release);
     }
 
     /// Calls `f` on every claimed and published element, in table order.
@@ -456,79 +515,107 @@ impl TracingMap {
         // Never 0: a tag of 0 marks a free slot.
         let tag = (hash as u32 | 1) as u64;
         let mask = self.table.len() - 1;
-        let mut idx = (hash >> (64 - self.table_bits)) as usize;
-        for _ in 0..self.table.len() {
-            let slot = &self.table[idx];
-            let mut word = slot.load(Ordering::Acquire);
-            let mut spins = 0u32;
-            loop {
-                if word == 0 {
-                    if !claim {
-                        return None;
-                    }
-                    match self.claim(slot, tag, key) {
-                        Ok(elt) => return elt,
-                        Err(now) => {
-                            word = now;
-                            continue;
+        'probe: loop {
+            // Which clear generation this probe walks; a claim checks it is still current.
+            let seq = if claim {
+                self.clear_seq.load(Ordering::Acquire)
+            } else {
+                0
+            };
+            let mut idx = (hash >> (64 - self.table_bits)) as usize;
+            for _ in 0..self.table.len() {
+                let slot = &self.table[idx];
+                let mut word = slot.load(Ordering::Acquire);
+                let mut spins = 0u32;
+                loop {
+                    if word == 0 {
+                        if !claim {
+                            return None;
+                        }
+                        match self.claim(slot, tag, key, seq) {
+                            Claim::Done(elt) => return elt,
+                            Claim::Taken(now) => {
+                                word = now;
+                                continue;
+                            }
+                            Claim::Stale => continue 'probe,
                         }
                     }
-                }
-                if word >> TAG_SHIFT != tag {
+                    if word >> TAG_SHIFT != tag {
+                        break;
+                    }
+                    let elt_idx = (word & IDX_MASK) as usize;
+                    if elt_idx == 0 {
+                        // Another thread claimed this slot for a key with our tag and is
+                        // writing the key: wait for it, or it could be our key and we would
+                        // claim it twice.
+                        spins += 1;
+                        if spins < SPINS_BEFORE_YIELD {
+                            std::hint::spin_loop();
+                        } else {
+                            // The publisher may have been preempted; give it the CPU.
+                            std::thread::yield_now();
+                        }
+                        word = slot.load(Ordering::Acquire);
+                        continue;
+                    }
+                    let elt = &self.elts[elt_idx - 1];
+                    if elt.key_eq(key) {
+                        return Some(elt);
+                    }
                     break;
                 }
-                let elt_idx = (word & IDX_MASK) as usize;
-                if elt_idx == 0 {
-                    // Another thread claimed this slot for a key with our tag and is writing
-                    // the key: wait for it, or it could be our key and we would claim it twice.
-                    spins += 1;
-                    if spins < SPINS_BEFORE_YIELD {
-                        std::hint::spin_loop();
-                    } else {
-                        // The publisher may have been preempted; give it the CPU.
-                        std::thread::yield_now();
-                    }
-                    word = slot.load(Ordering::Acquire);
-                    continue;
-                }
-                let elt = &self.elts[elt_idx - 1];
-                if elt.key_eq(key) {
-                    return Some(elt);
-                }
-                break;
+                idx = (idx + 1) & mask;
             }
-            idx = (idx + 1) & mask;
+            // Every slot taken by other tags: cannot happen with at most `max_elts` claimed of
+            // `2 * max_elts` slots, as slots are freed only by a clear.
+            if claim {
+                self.drops.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
         }
-        // Every slot taken by other tags: cannot happen with at most `max_elts` claimed of
-        // `2 * max_elts` slots unless a concurrent clear scrambled the table.
-        if claim {
-            self.drops.fetch_add(1, Ordering::Relaxed);
-        }
-        None
     }
 
-    /// Claims the free `slot` for `key`. `Ok(None)` when the pool is exhausted; `Err(word)`
-    /// when another thread took the slot first (its current word, to re-examine).
+    /// Claims the free `slot` for `key`, found by a probe that started in clear generation
+    /// `seq`.
     #[cold]
-    fn claim(&self, slot: &AtomicU64, tag: u64, key: &[u8]) -> Result<Option<&Elt>, u64> {
+    fn claim(&self, slot: &AtomicU64, tag: u64, key: &[u8], seq: usize) -> Claim<'_> {
+        // Checked before touching the shared `claimers`, so a full map costs one shared load.
         if self.next_elt.load(Ordering::Relaxed) >= self.cfg.max_elts {
             self.drops.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+            return Claim::Done(None);
         }
-        slot.compare_exchange(0, tag << TAG_SHIFT, Ordering::Acquire, Ordering::Acquire)?;
+        self.claimers.fetch_add(1, Ordering::SeqCst);
+        let _guard = ClaimGuard(&self.claimers);
+        let now = self.clear_seq.load(Ordering::SeqCst);
+        if now & 1 == 1 {
+            // A clear is under way: the event is lost, as one arriving just before it would be
+            // wiped; not a drop (the clear resets those).
+            return Claim::Done(None);
+        }
+        if now != seq {
+            // A clear ran since the probe started: the slots it walked past may be free now,
+            // so claiming here could hide the key from lookups or claim it twice. Probe again.
+            return Claim::Stale;
+        }
+        if let Err(now) =
+            slot.compare_exchange(0, tag << TAG_SHIFT, Ordering::Acquire, Ordering::Acquire)
+        {
+            return Claim::Taken(now);
+        }
         // Acquire pairs with clear's release, so the element is seen zeroed.
         let n = self.next_elt.fetch_add(1, Ordering::Acquire);
         if n >= self.cfg.max_elts {
             // Lost the race for the last element: give the slot back, as the kernel does.
             slot.store(0, Ordering::Release);
             self.drops.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+            return Claim::Done(None);
         }
         let elt = &self.elts[n];
         elt.write_key(key);
         // Release: whoever sees the index sees the key written above.
         slot.store((tag << TAG_SHIFT) | (n as u64 + 1), Ordering::Release);
-        Ok(Some(elt))
+        Claim::Done(Some(elt))
     }
 }
 
