@@ -53,6 +53,9 @@
 //!   insert path can make, and only when another thread is between claiming and publishing a
 //!   slot with the same tag.
 //! - Keys are stored as 8-byte words, zero-padded, so comparing a key costs one compare per word.
+//! - All elements live in one array of words (the kernel allocates each element and its parts
+//!   separately and reaches them through pointers); an element is found from its slot's index
+//!   by arithmetic, with no pointer to load.
 //! - Variables carry a "set" bit; [`Elt::take_var`] clears it with one atomic operation and
 //!   returns the value, so a variable reference consumes the variable as the kernel's does.
 //!
@@ -103,6 +106,8 @@ pub enum MapError {
     TooManyElts(usize),
     /// `key_size` is 0: a map needs a key.
     EmptyKey,
+    /// `key_size` above `u32::MAX`, or `n_vals` or `n_vars` above `u16::MAX`.
+    FieldsTooLarge,
     /// The preallocation failed (the kernel's `ENOMEM`).
     NoMemory,
 }
@@ -115,6 +120,7 @@ impl fmt::Display for MapError {
                 write!(f, "map size {n} is above the maximum of {MAX_ELTS}")
             }
             MapError::EmptyKey => f.write_str("map key size is 0"),
+            MapError::FieldsTooLarge => f.write_str("map key or value count too large"),
             MapError::NoMemory => f.write_str("cannot allocate the map"),
         }
     }
@@ -141,7 +147,11 @@ pub struct TracingMap {
     table: Box<[AtomicU64]>,
     /// `log2(table.len())`: the slot index is the hash's top `table_bits` bits.
     table_bits: u32,
-    elts: Box<[Elt]>,
+    /// All elements, `stride` words each (see [`Elt`]), in one allocation.
+    elt_words: Box<[AtomicU64]>,
+    stride: usize,
+    /// Key words per element, kept here so the hot path need not decode an element's shape.
+    key_words: usize,
     /// Elements handed out; may run past `max_elts` by the number of racing failed claims.
     next_elt: AtomicUsize,
     drops: AtomicU64,
@@ -175,19 +185,28 @@ impl Drop for ClaimGuard<'_> {
 
 /// One element: a key, its sums and its variables. Obtained from [`TracingMap::insert`],
 /// [`TracingMap::lookup`] or [`TracingMap::for_each`].
+///
+/// It is a view of `stride` words of the map's one element array:
+/// `[shape][key words][vals][vars][var set bits]`. The shape word (written once by
+/// [`TracingMap::new`]) lets the element find its parts without a pointer back to the map, so
+/// reaching an element from its slot is arithmetic, not a load.
+#[repr(transparent)]
 pub struct Elt {
-    /// `[key words][vals][vars][var set bits]`, one allocation per element.
-    words: Box<[AtomicU64]>,
-    key_size: u32,
-    key_words: u32,
-    n_vals: u32,
-    n_vars: u32,
+    words: [AtomicU64],
 }
+
+/// An element's shape word: key size in bits 0..32, `n_vals` in 32..48, `n_vars` in 48..64.
+fn shape_word(cfg: &MapConfig) -> u64 {
+    cfg.key_size as u64 | (cfg.n_vals as u64) << 32 | (cfg.n_vars as u64) << 48
+}
+
+/// Words before an element's key: the shape word.
+const KEY_AT: usize = 1;
 
 impl fmt::Debug for Elt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let vals: Vec<u64> = (0..self.n_vals as usize).map(|i| self.val(i)).collect();
-        let vars: Vec<Option<u64>> = (0..self.n_vars as usize).map(|i| self.var(i)).collect();
+        let vals: Vec<u64> = (0..self.n_vals()).map(|i| self.val(i)).collect();
+        let vars: Vec<Option<u64>> = (0..self.n_vars()).map(|i| self.var(i)).collect();
         f.debug_struct("Elt")
             .field("key", &self.key())
             .field("vals", &vals)
@@ -244,31 +263,44 @@ fn hash_key(key: &[u8]) -> u64 {
 }
 
 impl Elt {
-    fn new(cfg: &MapConfig) -> Result<Elt, MapError> {
-        let key_words = cfg.key_size.div_ceil(8);
-        let set_words = cfg.n_vars.div_ceil(64);
-        let n = key_words
-            .checked_add(cfg.n_vals)
-            .and_then(|n| n.checked_add(cfg.n_vars))
-            .and_then(|n| n.checked_add(set_words))
-            .ok_or(MapError::NoMemory)?;
-        let narrow = |v: usize| u32::try_from(v).map_err(|_| MapError::NoMemory);
-        let mut words = Vec::new();
-        words.try_reserve_exact(n).map_err(|_| MapError::NoMemory)?;
-        words.resize_with(n, || AtomicU64::new(0));
-        Ok(Elt {
-            words: words.into_boxed_slice(),
-            key_size: narrow(cfg.key_size)?,
-            key_words: narrow(key_words)?,
-            n_vals: narrow(cfg.n_vals)?,
-            n_vars: narrow(cfg.n_vars)?,
-        })
+    /// The element at `words` (`stride` words starting with a shape word).
+    fn from_words(words: &[AtomicU64]) -> &Elt {
+        // SAFETY: `Elt` is `repr(transparent)` over `[AtomicU64]`, so the two unsized types
+        // have the same layout and pointer metadata (the slice length); the returned reference
+        // borrows `words` for the same lifetime.
+        unsafe { &*(words as *const [AtomicU64] as *const Elt) }
+    }
+
+    #[inline(always)]
+    fn shape(&self) -> u64 {
+        // Written once before the map is shared; never changes.
+        self.words[0].load(Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    fn key_size(&self) -> usize {
+        self.shape() as u32 as usize
+    }
+
+    #[inline(always)]
+    fn key_words(&self) -> usize {
+        self.key_size().div_ceil(8)
+    }
+
+    #[inline(always)]
+    fn n_vals(&self) -> usize {
+        (self.shape() >> 32) as u16 as usize
+    }
+
+    #[inline(always)]
+    fn n_vars(&self) -> usize {
+        (self.shape() >> 48) as usize
     }
 
     /// The key bytes, `key_size` long. Stable for as long as the element is not claimed
     /// again after a [`TracingMap::clear`].
     pub fn key(&self) -> &[u8] {
-        let words = &self.words[..self.key_words as usize];
+        let words = &self.words[KEY_AT..KEY_AT + self.key_words()];
         // SAFETY: `words` is `key_words` initialised `AtomicU64`s, which have the size and
         // layout of `u64`, so its first `key_size <= 8 * key_words` bytes are in bounds and
         // initialised. The key words are written only by the insert that claims this element,
@@ -277,12 +309,14 @@ impl Elt {
         // races with this read unless the caller keeps this `&Elt` across a `clear` while
         // writers claim the element again — the one misuse the module documentation warns of,
         // where the bytes read are some mix of two keys, still inside this element.
-        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), self.key_size as usize) }
+        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), self.key_size()) }
     }
 
+    /// Whether the key is `key`, `key_words` words long (the map passes its own count, so the
+    /// hot path does not decode the shape word).
     #[inline(always)]
-    fn key_eq(&self, key: &[u8]) -> bool {
-        let words = &self.words[..self.key_words as usize];
+    fn key_eq(&self, key: &[u8], key_words: usize) -> bool {
+        let words = &self.words[KEY_AT..KEY_AT + key_words];
         words
             .iter()
             .enumerate()
@@ -290,25 +324,23 @@ impl Elt {
     }
 
     fn write_key(&self, key: &[u8]) {
-        for (i, w) in self.words[..self.key_words as usize].iter().enumerate() {
+        let words = &self.words[KEY_AT..KEY_AT + self.key_words()];
+        for (i, w) in words.iter().enumerate() {
             w.store(key_word(key, i), Ordering::Relaxed);
         }
     }
 
     #[inline(always)]
     fn val_slot(&self, val: usize) -> &AtomicU64 {
-        assert!(val < self.n_vals as usize, "value index {val} out of range");
-        &self.words[self.key_words as usize + val]
+        assert!(val < self.n_vals(), "value index {val} out of range");
+        &self.words[KEY_AT + self.key_words() + val]
     }
 
     #[inline(always)]
     fn var_slot(&self, var: usize) -> (&AtomicU64, &AtomicU64, u64) {
-        assert!(
-            var < self.n_vars as usize,
-            "variable index {var} out of range"
-        );
-        let vars = self.key_words as usize + self.n_vals as usize;
-        let bits = vars + self.n_vars as usize;
+        assert!(var < self.n_vars(), "variable index {var} out of range");
+        let vars = KEY_AT + self.key_words() + self.n_vals();
+        let bits = vars + self.n_vars();
         (
             &self.words[vars + var],
             &self.words[bits + var / 64],
@@ -378,7 +410,7 @@ impl Elt {
 
     /// Zeroes sums and variables (the key is rewritten by the next claim).
     fn reset(&self) {
-        for w in &self.words[self.key_words as usize..] {
+        for w in &self.words[KEY_AT + self.key_words()..] {
             w.store(0, Ordering::Relaxed);
         }
     }
@@ -402,17 +434,28 @@ impl TracingMap {
             .try_reserve_exact(slots)
             .map_err(|_| MapError::NoMemory)?;
         table.resize_with(slots, || AtomicU64::new(0));
-        let mut elts = Vec::new();
-        elts.try_reserve_exact(cfg.max_elts)
-            .map_err(|_| MapError::NoMemory)?;
-        for _ in 0..cfg.max_elts {
-            elts.push(Elt::new(&cfg)?);
+        if cfg.key_size > u32::MAX as usize
+            || cfg.n_vals > u16::MAX as usize
+            || cfg.n_vars > u16::MAX as usize
+        {
+            return Err(MapError::FieldsTooLarge);
         }
+        let key_words = cfg.key_size.div_ceil(8);
+        let stride = KEY_AT + key_words + cfg.n_vals + cfg.n_vars + cfg.n_vars.div_ceil(64);
+        let n = stride.checked_mul(cfg.max_elts).ok_or(MapError::NoMemory)?;
+        let mut elt_words = Vec::new();
+        elt_words
+            .try_reserve_exact(n)
+            .map_err(|_| MapError::NoMemory)?;
+        let shape = shape_word(&cfg);
+        elt_words.extend((0..n).map(|i| AtomicU64::new(if i % stride == 0 { shape } else { 0 })));
         Ok(TracingMap {
             table_bits: slots.trailing_zeros(),
             cfg,
             table: table.into_boxed_slice(),
-            elts: elts.into_boxed_slice(),
+            elt_words: elt_words.into_boxed_slice(),
+            stride,
+            key_words,
             next_elt: AtomicUsize::new(0),
             drops: AtomicU64::new(0),
             claimers: AtomicUsize::new(0),
@@ -431,13 +474,13 @@ impl TracingMap {
     /// is not `key_size` bytes long (neither counted).
     #[inline]
     pub fn insert(&self, key: &[u8]) -> Option<&Elt> {
-        self.find(key, true)
+        self.find::<true>(key)
     }
 
     /// Finds `key`'s element; never claims one.
     #[inline]
     pub fn lookup(&self, key: &[u8]) -> Option<&Elt> {
-        self.find(key, false)
+        self.find::<false>(key)
     }
 
     /// New keys refused because the pool was exhausted, since creation or the last `clear`.
@@ -480,8 +523,8 @@ impl TracingMap {
             slot.store(0, Ordering::Relaxed);
         }
         let used = self.len();
-        for elt in &self.elts[..used] {
-            elt.reset();
+        for i in 0..used {
+            self.elt(i).reset();
         }
         self.drops.store(0, Ordering::Relaxed);
         // Release: a claim that takes an element after this sees it zeroed.
@@ -495,13 +538,19 @@ impl TracingMap {
             let word = slot.load(Ordering::Acquire);
             let idx = (word & IDX_MASK) as usize;
             if idx != 0 {
-                f(&self.elts[idx - 1]);
+                f(self.elt(idx - 1));
             }
         }
     }
 
+    /// Element `i` of the pool.
+    #[inline(always)]
+    fn elt(&self, i: usize) -> &Elt {
+        Elt::from_words(&self.elt_words[i * self.stride..(i + 1) * self.stride])
+    }
+
     #[inline]
-    fn find(&self, key: &[u8], claim: bool) -> Option<&Elt> {
+    fn find<const CLAIM: bool>(&self, key: &[u8]) -> Option<&Elt> {
         if key.len() != self.cfg.key_size {
             debug_assert!(
                 false,
@@ -517,7 +566,7 @@ impl TracingMap {
         let mask = self.table.len() - 1;
         'probe: loop {
             // Which clear generation this probe walks; a claim checks it is still current.
-            let seq = if claim {
+            let seq = if CLAIM {
                 self.clear_seq.load(Ordering::Acquire)
             } else {
                 0
@@ -529,7 +578,7 @@ impl TracingMap {
                 let mut spins = 0u32;
                 loop {
                     if word == 0 {
-                        if !claim {
+                        if !CLAIM {
                             return None;
                         }
                         match self.claim(slot, tag, key, seq) {
@@ -559,8 +608,8 @@ impl TracingMap {
                         word = slot.load(Ordering::Acquire);
                         continue;
                     }
-                    let elt = &self.elts[elt_idx - 1];
-                    if elt.key_eq(key) {
+                    let elt = self.elt(elt_idx - 1);
+                    if elt.key_eq(key, self.key_words) {
                         return Some(elt);
                     }
                     break;
@@ -569,7 +618,7 @@ impl TracingMap {
             }
             // Every slot taken by other tags: cannot happen with at most `max_elts` claimed of
             // `2 * max_elts` slots, as slots are freed only by a clear.
-            if claim {
+            if CLAIM {
                 self.drops.fetch_add(1, Ordering::Relaxed);
             }
             return None;
@@ -611,7 +660,7 @@ impl TracingMap {
             self.drops.fetch_add(1, Ordering::Relaxed);
             return Claim::Done(None);
         }
-        let elt = &self.elts[n];
+        let elt = self.elt(n);
         elt.write_key(key);
         // Release: whoever sees the index sees the key written above.
         slot.store((tag << TAG_SHIFT) | (n as u64 + 1), Ordering::Release);
@@ -654,6 +703,11 @@ mod tests {
             MapError::TooManyElts(MAX_ELTS * 2)
         );
         assert_eq!(TracingMap::new(cfg(4, 0)).unwrap_err(), MapError::EmptyKey);
+        let wide = MapConfig {
+            n_vars: 1 << 16,
+            ..cfg(4, 8)
+        };
+        assert_eq!(TracingMap::new(wide).unwrap_err(), MapError::FieldsTooLarge);
         assert!(TracingMap::new(cfg(1, 1)).is_ok());
     }
 

@@ -228,7 +228,10 @@ fn clear_racing_writers_leaves_a_consistent_map() {
         let mut n = 0;
         map.for_each(|e| {
             n += 1;
-            assert!(elts.insert(e as *const _ as usize), "element in two slots");
+            assert!(
+                elts.insert(e.key().as_ptr() as usize),
+                "element in two slots"
+            );
             assert!(keys.insert(e.key().to_vec()), "key claimed twice");
             let found = map.lookup(e.key()).expect("published key found");
             assert!(std::ptr::eq(found, e), "lookup reaches another element");
