@@ -683,6 +683,13 @@ mod tests {
     }
 
     #[test]
+    fn map_and_elements_cross_threads() {
+        fn send_sync<T: Send + Sync + ?Sized>() {}
+        send_sync::<TracingMap>();
+        send_sync::<Elt>();
+    }
+
+    #[test]
     fn rejects_bad_configs() {
         let cfg = |max_elts, key_size| MapConfig {
             max_elts,
