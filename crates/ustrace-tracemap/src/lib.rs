@@ -13,13 +13,17 @@
 //! # What it guarantees
 //!
 //! - `insert`, `lookup`, `add`, `set_val`, `val`, `set_var`, `var` and `take_var` take no lock,
-//!   allocate nothing and make no system call. Everything is allocated by [`TracingMap::new`].
+//!   allocate nothing and make no system call (one exception: a thread waiting for another to
+//!   publish a slot yields its CPU after a short spin, see below). Everything is allocated by
+//!   [`TracingMap::new`]; `tests/no_alloc.rs` checks the allocation claim.
 //! - A key is claimed at most once: two threads inserting the same new key at the same time get
 //!   the same element.
 //! - When the element pool is exhausted, `insert` of a new key returns `None` and counts a drop
 //!   ([`TracingMap::drops`]); existing keys keep being found and updated.
-//! - Every cross-thread access is an atomic operation, so the map is `Send + Sync` and no
-//!   interleaving of its methods can touch memory outside its preallocated arrays.
+//! - Every write to shared state is an atomic operation, so the map is `Send + Sync`, no
+//!   interleaving of its methods touches memory outside its preallocated arrays, and the only
+//!   plain (non-atomic) read is the slice [`Elt::key`] returns, whose bytes do not change while
+//!   it is used correctly (see "Clearing while writers run").
 //!
 //! # Design points kept from the kernel (`kernel/trace/tracing_map.c`, histogram-design.rst)
 //!
