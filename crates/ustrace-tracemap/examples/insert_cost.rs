@@ -1,16 +1,16 @@
-//! Cost of the hist update path: `insert` + two `add`s, single thread, warm map.
+//! Cost of the hist update path: `insert` + two `add`s on a warm map.
 //!
-//! Times are thread CPU time.
-//!
-//! `cargo run --release -p ustrace-tracemap --example insert_cost [iterations]`
-//! prints ns/op (and the lookup alone, to show what the atomic adds cost) for one hot key and for 1000 keys visited in a scattered order, with 8-byte
-//! and 24-byte (three-field compound) keys.
+//! `cargo run --release -p ustrace-tracemap --example insert_cost [iterations]` prints ns/op
+//! (and the lookup alone, to show what the atomic adds cost) for one hot key and for 1000 keys
+//! visited in a scattered order, with 8-byte and 24-byte (three-field compound) keys; then the
+//! same update from two threads at once on one shared key and on 1000 shared keys, where the
+//! cost of cache lines moving between CPUs shows. Times are thread CPU time, so time spent
+//! preempted on a shared machine is not counted.
 
 use std::hint::black_box;
 use ustrace_tracemap::{MapConfig, TracingMap};
 
-/// Nanoseconds of CPU this thread has used: time spent preempted on a shared machine is not
-/// charged to the map.
+/// Nanoseconds of CPU this thread has used.
 fn cpu_ns() -> u128 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -57,7 +57,7 @@ fn run<const N: usize>(label: &str, keys: &[[u8; N]], iters: usize) {
         }
     }
     let find = (cpu_ns() - t) as f64 / iters as f64;
-    println!("{label:<24} insert+2 adds {update:6.2} ns/op   lookup alone {find:6.2} ns/op");
+    println!("{label:<28} insert+2 adds {update:6.2} ns/op   lookup alone {find:6.2} ns/op");
     assert_eq!(map.len(), keys.len());
 }
 
@@ -85,4 +85,50 @@ fn main() {
     run("1000 keys, 8-byte key", &keys::<8>(1000), iters);
     run("1 key, 24-byte key", &keys::<24>(1), iters);
     run("1000 keys, 24-byte key", &keys::<24>(1000), iters);
+    run_threads("2 threads, 1 shared key", &keys::<8>(1), iters / 4);
+    run_threads("2 threads, 1000 shared keys", &keys::<8>(1000), iters / 4);
+}
+
+/// Two threads updating the same map at once; prints the mean CPU ns per update per thread.
+fn run_threads(label: &str, keys: &[[u8; 8]], iters: usize) {
+    let map = TracingMap::new(MapConfig {
+        max_elts: 2048,
+        key_size: 8,
+        n_vals: 2,
+        n_vars: 0,
+    })
+    .expect("map");
+    for k in keys {
+        map.insert(k).expect("room");
+    }
+    let start = std::sync::Barrier::new(2);
+    let per_thread: Vec<f64> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|t| {
+                let (map, start) = (&map, &start);
+                s.spawn(move || {
+                    start.wait();
+                    let t0 = cpu_ns();
+                    // The threads walk the keys from opposite ends' halves.
+                    let mut j = t * keys.len() / 2;
+                    for i in 0..iters {
+                        let e = map.insert(black_box(&keys[j])).expect("claimed");
+                        e.add(0, 1);
+                        e.add(1, i as u64);
+                        j += 1;
+                        if j == keys.len() {
+                            j = 0;
+                        }
+                    }
+                    (cpu_ns() - t0) as f64 / iters as f64
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let mean = per_thread.iter().sum::<f64>() / per_thread.len() as f64;
+    let mut hits = 0;
+    map.for_each(|e| hits += e.val(0));
+    assert_eq!(hits, 2 * iters as u64);
+    println!("{label:<28} insert+2 adds {mean:6.2} ns/op per thread");
 }
