@@ -190,9 +190,10 @@ impl<'s, 'v> SynthTrace<'s, 'v> {
         if self.next >= self.event.fields().len() {
             return Err(SynthError::TooManyValues);
         }
-        let at = self.next;
+        // A refused value does not use the field up: it can be given again.
+        self.set(self.next, value.into())?;
         self.next += 1;
-        self.set(at, value.into())
+        Ok(())
     }
 
     /// Sets the value of the field named `name` (`synth_event_add_val`).

@@ -194,6 +194,16 @@ pub struct Synthetic {
     me: Weak<Synthetic>,
 }
 
+impl std::fmt::Debug for Synthetic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Synthetic")
+            .field("name", &self.def.name)
+            .field("id", &self.id.get())
+            .field("fields", &self.layout.fields)
+            .finish()
+    }
+}
+
 /// Synthetic events in creation order (the order `synthetic_events` lists them). Also
 /// serializes creation and removal.
 static SYNTHS: Mutex<Vec<Arc<Synthetic>>> = Mutex::new(Vec::new());
