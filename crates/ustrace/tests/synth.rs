@@ -473,3 +473,35 @@ fn stack_fields_print_one_symbol_a_line() {
     drop(inst);
     synth::delete("stk").unwrap();
 }
+
+/// events.rst 7.2: a file of one instance (`trace_get_event_file`) records there alone and
+/// holds the event; `Synthetic::trace` records into every instance that has it on.
+#[test]
+fn one_instance_through_its_file() {
+    let _s = serial();
+    let a = Instance::new("synth_file_a");
+    let b = Instance::new("synth_file_b");
+    let event = synth::create("file_ev", &[("u32", "n")]).unwrap();
+    let fa = event.file(Some("synth_file_a")).unwrap();
+    let fb = event.file(Some("synth_file_b")).unwrap();
+    assert_eq!(
+        event.file(Some("synth_file_none")).err(),
+        Some(SynthError::NotFound)
+    );
+    fa.trace(&[1u32.into()]).unwrap(); // off there: nothing
+    fa.set_enabled(true).unwrap();
+    fb.set_enabled(true).unwrap();
+    fa.trace(&[2u32.into()]).unwrap();
+    let mut t = fb.trace_start();
+    t.add_val("n", 3u32).unwrap();
+    t.end().unwrap();
+    event.trace(&[4u32.into()]).unwrap();
+    assert_eq!(texts(&a.lines()), ["file_ev: n=2", "file_ev: n=4"]);
+    assert_eq!(texts(&b.lines()), ["file_ev: n=3", "file_ev: n=4"]);
+    fa.set_enabled(false).unwrap();
+    fb.set_enabled(false).unwrap();
+    assert_eq!(synth::delete("file_ev"), Err(SynthError::Busy));
+    drop((fa, fb));
+    drop((a, b));
+    synth::delete("file_ev").unwrap();
+}

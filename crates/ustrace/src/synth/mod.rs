@@ -335,13 +335,91 @@ impl Synthetic {
     /// Starts a piecewise trace (`synth_event_trace_start`): add the values one after the
     /// other or by name, then [`SynthTrace::end`] records them.
     pub fn trace_start<'v>(&self) -> SynthTrace<'_, 'v> {
-        SynthTrace::new(self)
+        SynthTrace::new(self, None)
+    }
+
+    /// The event's file in one instance (`trace_get_event_file`; `None` is the top
+    /// instance), to enable the event there and record into that instance alone. While
+    /// the file is held the event cannot be deleted.
+    ///
+    /// ```
+    /// use ustrace::synth;
+    /// let event = synth::create("doc_file", &[("u64", "v")])?;
+    /// let file = event.file(None)?;
+    /// file.set_enabled(true)?; // trace_array_set_clr_event(tr, "synthetic", "doc_file", true)
+    /// file.trace(&[42u64.into()])?;
+    /// file.set_enabled(false)?;
+    /// assert!(synth::delete("doc_file").is_err()); // EBUSY: the file is held
+    /// drop(file); // trace_put_event_file
+    /// synth::delete("doc_file")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn file(&self, instance: Option<&str>) -> Result<SynthEventFile, SynthError> {
+        let tracing = tracing();
+        let instance = match instance {
+            Some(name) => tracing.instance(name).ok_or(SynthError::NotFound)?,
+            None => tracing.top().clone(),
+        };
+        if self.deleted.load(Ordering::Relaxed) {
+            return Err(SynthError::NotFound);
+        }
+        let file = instance.file(self.id()).ok_or(SynthError::NotFound)?;
+        Ok(SynthEventFile {
+            hold: self.hold(),
+            file,
+        })
+    }
+
+    /// Records checked values into one event file, if it is attached there.
+    #[inline]
+    fn trace_file(&self, file: &EventFile, values: &[SynthValue<'_>]) -> Result<(), SynthError> {
+        self.layout.check(values)?;
+        if self.deleted.load(Ordering::Relaxed) {
+            return Err(SynthError::NotFound);
+        }
+        // Not attached: the event is off in that instance. Soft-disabled: `wants_record`
+        // runs the triggers and says no, as the kernel's trace init does.
+        if (file.is_enabled() || file.is_soft_disabled()) && file.wants_record() {
+            let len = self.layout.record_len(values);
+            file.record(len, |rec| self.layout.fill(values, rec));
+        }
+        Ok(())
     }
 
     /// Whether the event may not be removed now.
     fn busy(&self) -> bool {
         self.holds.load(Ordering::Acquire) != 0
             || self.id.get().is_some_and(|id| crate::dynevent::in_use(*id))
+    }
+}
+
+/// A synthetic event's file in one instance (the kernel's `trace_event_file` that
+/// `trace_get_event_file` returns): records go to that instance only. Holds the event.
+pub struct SynthEventFile {
+    hold: SynthHold,
+    file: Arc<EventFile>,
+}
+
+impl SynthEventFile {
+    /// The event.
+    pub fn event(&self) -> &Arc<Synthetic> {
+        self.hold.event()
+    }
+
+    /// Turns the event on or off in this instance (`trace_array_set_clr_event`).
+    pub fn set_enabled(&self, on: bool) -> Result<(), Errno> {
+        self.file.set_enabled(on)
+    }
+
+    /// Records one event into this instance (`synth_event_trace_array`); nothing while the
+    /// event is off there.
+    pub fn trace(&self, values: &[SynthValue<'_>]) -> Result<(), SynthError> {
+        self.hold.event.trace_file(&self.file, values)
+    }
+
+    /// Starts a piecewise trace into this instance (`synth_event_trace_start`).
+    pub fn trace_start<'v>(&self) -> SynthTrace<'_, 'v> {
+        SynthTrace::new(&self.hold.event, Some(&self.file))
     }
 }
 
