@@ -505,3 +505,45 @@ fn one_instance_through_its_file() {
     drop((a, b));
     synth::delete("file_ev").unwrap();
 }
+
+/// A hist trigger on a synthetic event, keyed on a dynamic string, summing a field (the
+/// selftests' `hist:keys=filename,lat` on `synthetic/ping_test_latency`). Needs the hist
+/// triggers of the hist-core branch: skipped without them.
+#[test]
+fn a_hist_on_a_synthetic_event() {
+    let _s = serial();
+    let inst = Instance::new("synth_hist");
+    append("synthetic_events", "hist_lat u64 lat; char op[]\n").unwrap();
+    let dir = inst.path("events/synthetic/hist_lat");
+    if read(&format!("{dir}/hist")).is_err() {
+        eprintln!("skipped: this build has no hist triggers");
+        drop(inst);
+        append("synthetic_events", "!hist_lat\n").unwrap();
+        return;
+    }
+    write(&format!("{dir}/trigger"), "hist:keys=op:vals=lat:sort=op").unwrap();
+    let event = synth::find("hist_lat").unwrap();
+    for (lat, op) in [(10u64, "get"), (20, "get"), (5, "put")] {
+        event.trace(&[lat.into(), op.into()]).unwrap();
+    }
+    let hist = read(&format!("{dir}/hist")).unwrap();
+    let entries: Vec<Vec<&str>> = hist
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ["{", "op:", "get", "}", "hitcount:", "2", "lat:", "30"],
+            ["{", "op:", "put", "}", "hitcount:", "1", "lat:", "5"],
+        ],
+        "{hist}"
+    );
+    assert!(hist.contains("    Hits: 3\n"), "{hist}");
+    // The hist trigger holds the event.
+    assert_eq!(append("synthetic_events", "!hist_lat\n"), Err(Errno::EBUSY));
+    write(&format!("{dir}/trigger"), "!hist:keys=op:vals=lat:sort=op").unwrap();
+    drop(inst);
+    append("synthetic_events", "!hist_lat\n").unwrap();
+}
