@@ -547,3 +547,71 @@ fn a_hist_on_a_synthetic_event() {
     drop(inst);
     append("synthetic_events", "!hist_lat\n").unwrap();
 }
+
+/// More threads than cores record one event while other synthetic events come and go and
+/// the event is turned on and off in a second instance: every record written while on
+/// in the first instance is there, once.
+#[test]
+fn concurrent_writers_lose_nothing() {
+    let _s = serial();
+    let inst = Instance::new("synth_stress");
+    let other = Instance::new("synth_stress_other");
+    write(&inst.path("buffer_size_kb"), "4096").unwrap();
+    let event = synth::create(
+        "stress_ev",
+        &[("u32", "thread"), ("u64", "n"), ("char[]", "s")],
+    )
+    .unwrap();
+    write(&inst.path("events/synthetic/stress_ev/enable"), "1").unwrap();
+    const THREADS: u32 = 6;
+    const EACH: u64 = 3000;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let event = &event;
+                s.spawn(move || {
+                    for n in 0..EACH {
+                        if n % 2 == 0 {
+                            event.trace(&[t.into(), n.into(), "x".into()]).unwrap();
+                        } else {
+                            let mut p = event.trace_start();
+                            p.add_next_val(t).unwrap();
+                            p.add_next_val(n).unwrap();
+                            p.add_next_val("y").unwrap();
+                            p.end().unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        s.spawn(|| {
+            let mut i = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let name = format!("stress_tmp{}", i % 4);
+                append("synthetic_events", &format!("{name} u64 v\n")).unwrap();
+                let on = if i % 2 == 0 { "1" } else { "0" };
+                write(&other.path("events/synthetic/stress_ev/enable"), on).unwrap();
+                append("synthetic_events", &format!("!{name}\n")).unwrap();
+                i += 1;
+            }
+        });
+        for w in writers {
+            w.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    write(&inst.path("events/synthetic/stress_ev/enable"), "0").unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for line in texts(&inst.lines()) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(fields[0], "stress_ev:", "{line}");
+        assert!(
+            seen.insert((fields[1].to_string(), fields[2].to_string())),
+            "twice: {line}"
+        );
+    }
+    assert_eq!(seen.len() as u64, u64::from(THREADS) * EACH);
+    drop((inst, other));
+    synth::delete("stress_ev").unwrap();
+}
