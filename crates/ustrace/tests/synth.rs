@@ -572,7 +572,7 @@ fn concurrent_writers_lose_nothing() {
                 let event = &event;
                 s.spawn(move || {
                     for n in 0..EACH {
-                        if n % 2 == 0 {
+                        if n.is_multiple_of(2) {
                             event.trace(&[t.into(), n.into(), "x".into()]).unwrap();
                         } else {
                             let mut p = event.trace_start();
@@ -590,7 +590,7 @@ fn concurrent_writers_lose_nothing() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let name = format!("stress_tmp{}", i % 4);
                 append("synthetic_events", &format!("{name} u64 v\n")).unwrap();
-                let on = if i % 2 == 0 { "1" } else { "0" };
+                let on = if i.is_multiple_of(2) { "1" } else { "0" };
                 write(&other.path("events/synthetic/stress_ev/enable"), on).unwrap();
                 append("synthetic_events", &format!("!{name}\n")).unwrap();
                 i += 1;
