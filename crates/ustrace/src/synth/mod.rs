@@ -320,6 +320,9 @@ impl Synthetic {
     /// Writes checked values to every attached file.
     #[inline]
     fn emit(&self, values: &[SynthValue<'_>]) {
+        let Some(_nested) = Nested::enter() else {
+            return;
+        };
         let guard = crate::rcu::read_lock();
         let Some(files) = self.files.get(&guard) else {
             return;
@@ -379,6 +382,9 @@ impl Synthetic {
         }
         // Not attached: the event is off in that instance. Soft-disabled: `wants_record`
         // runs the triggers and says no, as the kernel's trace init does.
+        let Some(_nested) = Nested::enter() else {
+            return Ok(());
+        };
         if (file.is_enabled() || file.is_soft_disabled()) && file.wants_record() {
             let len = self.layout.record_len(values);
             file.record(len, |rec| self.layout.fill(values, rec));
@@ -390,6 +396,42 @@ impl Synthetic {
     fn busy(&self) -> bool {
         self.holds.load(Ordering::Acquire) != 0
             || self.id.get().is_some_and(|id| crate::dynevent::in_use(*id))
+    }
+}
+
+/// How many synthetic records one thread may be writing inside one another: a hist
+/// action on a synthetic event may generate a synthetic event, whose hist may generate
+/// another. Deeper than this the record is dropped, as the kernel's recursion check drops
+/// it, so that a loop of actions cannot overflow the stack.
+pub const MAX_NESTING: u32 = 4;
+
+thread_local! {
+    static NESTING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// One level of synthetic recording on this thread, left on drop.
+struct Nested;
+
+impl Nested {
+    #[inline]
+    fn enter() -> Option<Nested> {
+        NESTING
+            .try_with(|n| {
+                let depth = n.get();
+                (depth < MAX_NESTING).then(|| {
+                    n.set(depth + 1);
+                    Nested
+                })
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+impl Drop for Nested {
+    #[inline]
+    fn drop(&mut self) {
+        let _ = NESTING.try_with(|n| n.set(n.get() - 1));
     }
 }
 
@@ -638,4 +680,43 @@ pub fn open(flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
     }
     let content = if flags.read { listing() } else { String::new() };
     Ok(Box::new(TextFile::new(content, Some(Box::new(write)))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hook on a synthetic event that records the same event again (what a loop of hist
+    /// actions does) stops at the nesting limit instead of overflowing the stack.
+    #[test]
+    fn a_recording_loop_stops_at_the_nesting_limit() {
+        let event = create("unit_loop", &[("u64", "depth")]).unwrap();
+        let inst = tracing().create_instance("unit_synth_loop").unwrap();
+        let file = inst.file(event.id()).unwrap();
+        file.set_enabled(true).unwrap();
+        let again = event.clone();
+        let hook = crate::trigger::add_hook(
+            &file,
+            None,
+            Arc::new(move |record: &[u8]| {
+                let depth = u64::from_ne_bytes(record[8..16].try_into().unwrap());
+                let _ = again.trace(&[SynthValue::U64(depth + 1)]);
+            }),
+        )
+        .unwrap();
+        event.trace(&[SynthValue::U64(0)]).unwrap();
+        crate::trigger::remove_hook(&file, &hook);
+        file.set_enabled(false).unwrap();
+        let text = {
+            use ustrace_ctl::vfs::FileSystem;
+            crate::tracefs()
+                .read_to_string("instances/unit_synth_loop/trace")
+                .unwrap()
+        };
+        let lines = text.lines().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(lines, MAX_NESTING as usize, "{text}");
+        drop((file, inst));
+        tracing().remove_instance("unit_synth_loop").unwrap();
+        delete("unit_loop").unwrap();
+    }
 }
