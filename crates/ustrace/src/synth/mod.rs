@@ -27,6 +27,9 @@
 //!
 //! Recording allocates nothing: the values are borrowed, the record is sized first and
 //! written in place. Off, [`Synthetic::trace`] costs the value check and one relaxed load.
+//! Recordings nested on one thread (a hist action on a synthetic event generating another)
+//! stop at [`MAX_NESTING`] levels, so a loop of actions drops records instead of
+//! overflowing the stack.
 
 mod api;
 mod record;
