@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
-use ustrace_filter::synth::{self as grammar, SynthCommand, SynthDef};
+use ustrace_filter::synth::{self as grammar, SynthCommand};
 
 use crate::event::{registry, Attachment, EventClass, EventId, FieldDesc};
 use crate::rcu::RcuCell;
@@ -48,7 +48,8 @@ use crate::tracefs::files::TextFile;
 pub use api::{create, delete, SynthEventCmd, SynthTrace};
 pub use record::{SynthField, MAX_DYN_STRING};
 pub use ustrace_filter::synth::{
-    SynthErrorKind, SynthFieldKind, STACK_DEPTH, STR_VAR_LEN_MAX, SYNTH_FIELDS_MAX, SYNTH_SYSTEM,
+    SynthDef, SynthErrorKind, SynthFieldDef, SynthFieldKind, STACK_DEPTH, STR_VAR_LEN_MAX,
+    SYNTH_FIELDS_MAX, SYNTH_SYSTEM,
 };
 
 /// One value of a synthetic event field.
