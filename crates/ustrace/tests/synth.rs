@@ -175,6 +175,13 @@ fn recorded_from_the_api_and_printed_as_the_kernel_prints() {
             "rec_lat: lat=4 pid=-7 comm=worker name=a/dynamic/name small=255 flag=1",
         ]
     );
+    // The `verbose` option shows each value's conversion, as the kernel's.
+    write(&inst.path("options/verbose"), "1").unwrap();
+    assert_eq!(
+        texts(&inst.lines())[0],
+        "rec_lat: %llu lat=2 %d pid=-7 %.*s comm=worker %.*s name=a/dynamic/name %d small=255 \
+         %d flag=1"
+    );
     drop(inst);
     synth::delete("rec_lat").unwrap();
 }

@@ -502,7 +502,11 @@ impl EventClass for Synthetic {
         self.def.print_fmt()
     }
     fn render_line(&self, record: &[u8], out: &mut String) -> bool {
-        self.layout.render(&self.def.name, record, out);
+        self.layout.render(&self.def.name, record, out, false);
+        true
+    }
+    fn render_line_verbose(&self, record: &[u8], out: &mut String, verbose: bool) -> bool {
+        self.layout.render(&self.def.name, record, out, verbose);
         true
     }
     fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {

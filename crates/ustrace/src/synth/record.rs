@@ -290,11 +290,15 @@ impl Layout {
 
     /// Prints a record as the kernel's `print_synth_event`: `name: ` then `field=value`
     /// separated by blanks; a stack as `name=STACK:` and one `=> symbol` line per address.
-    pub fn render(&self, name: &str, record: &[u8], out: &mut String) {
+    /// With `verbose` (the option), each value is preceded by its printf conversion.
+    pub fn render(&self, name: &str, record: &[u8], out: &mut String, verbose: bool) {
         let _ = write!(out, "{name}: ");
         let last = self.fields.len().saturating_sub(1);
         for (i, f) in self.fields.iter().enumerate() {
             let space = if i == last { "" } else { " " };
+            if verbose {
+                let _ = write!(out, "{} ", f.conversion);
+            }
             match f.kind {
                 SynthFieldKind::Int => {
                     let _ = write!(out, "{}=", f.name);
@@ -410,11 +414,20 @@ mod tests {
         let mut record = vec![0xaa; len];
         l.fill(&values, &mut record);
         let mut out = String::new();
-        l.render("e", &record, &mut out);
+        l.render("e", &record, &mut out, false);
         assert_eq!(
             out,
             format!(
                 "e: a=44 s=hello d=dyn b=-5 c=255 e={} st=STACK:\n\n",
+                u64::MAX
+            )
+        );
+        out.clear();
+        l.render("e", &record, &mut out, true);
+        assert_eq!(
+            out,
+            format!(
+                "e: %u a=44 %.*s s=hello %.*s d=dyn %d b=-5 %d c=255 %llu e={} %s st=STACK:\n\n",
                 u64::MAX
             )
         );
@@ -510,7 +523,7 @@ mod tests {
                     }
                 }
                 let mut out = String::new();
-                l.render("p", &a, &mut out);
+                l.render("p", &a, &mut out, false);
                 prop_assert!(out.starts_with("p: ") && out.ends_with('\n'));
             }
         }
