@@ -413,6 +413,17 @@ fn filters_triggers_and_eprobes_work_on_them() {
         "e:synth_ep/on_lat synthetic.stage_lat l=$lat op=$op:string\n",
     )
     .unwrap();
+    // dynamic_events lists every kind in creation order.
+    let listed = read("dynamic_events").unwrap();
+    let heads: Vec<&str> = listed
+        .lines()
+        .map(|l| l.split([' ', '\t']).next().unwrap())
+        .collect();
+    assert_eq!(
+        heads,
+        ["s:synthetic/stage_lat", "e:synth_ep/on_lat"],
+        "{listed}"
+    );
     write(&inst.path("events/synth_ep/on_lat/enable"), "1").unwrap();
     event.trace(&[7u64.into(), "eprobed".into()]).unwrap();
     write(&inst.path("events/synth_ep/on_lat/enable"), "0").unwrap();
