@@ -75,9 +75,10 @@
 //! - An update to an [`Elt`] obtained before the clear can land after the reset, in the zeroed
 //!   sums, even after the element is claimed again for another key: counts may be torn. A new
 //!   key inserted during the clear is refused (`None`, not counted as a drop).
-//! - An [`Elt`] held across the clear can be claimed again for another key; its [`Elt::key`]
-//!   slice then changes under its holder. Pause the writers (and do not keep `Elt`s across a
-//!   clear) to avoid both.
+//! - An [`Elt`] held across the clear can be claimed again for another key; a copy of its
+//!   [`Elt::key`] taken meanwhile may mix the two keys (every read is atomic, so this is a
+//!   wrong answer, never undefined behaviour). Pause the writers (and do not keep `Elt`s
+//!   across a clear) to avoid both.
 //!
 //! `clear` itself takes a mutex (it only serialises clears) and may yield its CPU while it waits
 //! for a claim to finish; it is a control-path operation.
@@ -329,19 +330,17 @@ impl Elt {
         (self.shape() >> 48) as usize
     }
 
-    /// The key bytes, `key_size` long. Stable for as long as the element is not claimed
-    /// again after a [`TracingMap::clear`].
-    pub fn key(&self) -> &[u8] {
-        let words = &self.words[KEY_AT..KEY_AT + self.key_words()];
-        // SAFETY: `words` is `key_words` initialised `AtomicU64`s, which have the size and
-        // layout of `u64`, so its first `key_size <= 8 * key_words` bytes are in bounds and
-        // initialised. The key words are written only by the insert that claims this element,
-        // before it publishes the element with a release store that every way of reaching an
-        // `&Elt` observes with an acquire load, and no claim overlaps a clear; so no write
-        // races with this read unless the caller keeps this `&Elt` across a `clear` while
-        // writers claim the element again — the one misuse the module documentation warns of,
-        // where the bytes read are some mix of two keys, still inside this element.
-        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), self.key_size()) }
+    /// A copy of the key bytes, `key_size` long. Read word by word with atomic loads, so it
+    /// is sound whatever runs beside it; an element claimed again after a
+    /// [`TracingMap::clear`] while the copy is taken may give a mix of two keys.
+    pub fn key(&self) -> Vec<u8> {
+        let size = self.key_size();
+        let mut out = Vec::with_capacity(self.key_words() * 8);
+        for word in &self.words[KEY_AT..KEY_AT + self.key_words()] {
+            out.extend_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        out.truncate(size);
+        out
     }
 
     /// Whether the key is `key`, `key_words` words long (the map passes its own count, so the
