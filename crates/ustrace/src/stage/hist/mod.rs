@@ -259,6 +259,9 @@ pub struct Hist {
     vars: Vec<(usize, Ev)>,
     /// One numeric key: no compound key to assemble.
     single_num_key: bool,
+    /// Plain integer fields only (one key, sums, no variables, no hooks): the update
+    /// reads them straight from the record, without the evaluator.
+    plain: Option<Plain>,
     /// Inter-event support, when the trigger needs it.
     pub hooks: Option<Arc<dyn HistHooks>>,
 }
@@ -269,6 +272,35 @@ impl std::fmt::Debug for Hist {
             .field("name", &self.name)
             .field("keys", &self.keys)
             .finish_non_exhaustive()
+    }
+}
+
+/// An integer field read straight from the record: offset, size, signedness.
+#[derive(Debug, Clone, Copy)]
+struct IntAt(usize, usize, bool);
+
+impl IntAt {
+    #[inline(always)]
+    fn read(self, record: &[u8]) -> u64 {
+        read_int(record, self.0, self.1, self.2)
+    }
+}
+
+/// The common shape `keys=field:vals=field,...`, compiled to offsets.
+#[derive(Debug)]
+struct Plain {
+    key: IntAt,
+    sums: Vec<(usize, IntAt)>,
+}
+
+fn plain_int(ev: &Ev) -> Option<IntAt> {
+    match ev {
+        Ev::Int {
+            offset,
+            size,
+            signed,
+        } => Some(IntAt(*offset, *size, *signed)),
+        _ => None,
     }
 }
 
@@ -327,7 +359,24 @@ impl Hist {
             }
         }
         let single_num_key = keys.len() == 1 && matches!(keys[0].kind, KeyKind::Num(_));
+        let plain = match (&keys[..], vars.is_empty() && hooks.is_none()) {
+            (
+                [KeyPart {
+                    kind: KeyKind::Num(ev),
+                    ..
+                }],
+                true,
+            ) => plain_int(ev).and_then(|key| {
+                let sums: Option<Vec<_>> = sums
+                    .iter()
+                    .map(|(i, ev)| plain_int(ev).map(|f| (*i, f)))
+                    .collect();
+                sums.map(|sums| Plain { key, sums })
+            }),
+            _ => None,
+        };
         Ok(Hist {
+            plain,
             name: data.attrs.name.clone(),
             data,
             map,
@@ -343,6 +392,17 @@ impl Hist {
     /// Adds one record. No lock, no allocation.
     #[inline]
     pub fn update(&self, record: &[u8], clock: ustrace_ringbuf::clock::Clock) {
+        if let Some(plain) = &self.plain {
+            let key = plain.key.read(record).to_ne_bytes();
+            let Some(elt) = self.map.insert(&key) else {
+                return;
+            };
+            elt.add(0, 1);
+            for (i, f) in &plain.sums {
+                elt.add(*i, f.read(record));
+            }
+            return;
+        }
         // Keys never read variable references (the parser refuses them).
         let ctx = Ctx {
             record,
