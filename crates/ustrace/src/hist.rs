@@ -222,6 +222,21 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
     if list.len() >= MAX_TRIGGERS {
         return Err(Errno::ENOSPC);
     }
+    if data.enable_timestamps {
+        // As the kernel, a trigger that uses timestamps sets the instance's clock to its
+        // `clock=` (default `global`), which clears the buffer when it changes.
+        let Some(clock) = ustrace_ringbuf::clock::Clock::from_name(&data.attrs.clock) else {
+            return fail(
+                HistErrorKind::SetClockFail,
+                data.errpos(&data.attrs.clock),
+                syntax::EINVAL,
+            );
+        };
+        if clock != instance.buffer().clock() {
+            instance.buffer().set_clock(clock);
+            instance.reset_buffer();
+        }
+    }
     let paused = data.attrs.pause;
     let hist = match named_hist {
         Some(n) => n,

@@ -849,3 +849,47 @@ fn totals_equal_events_written_under_concurrency() {
     assert_eq!(bytes, 2 * written);
     write(&trig, "").unwrap();
 }
+
+/// A trigger that uses timestamps sets its instance's clock (`global` unless `clock=` says
+/// otherwise), and an unknown clock is refused with the kernel's error.
+#[test]
+fn timestamps_set_the_trace_clock() {
+    let _s = serial();
+    let _ = ustrace::tracefs().rmdir("instances/histclk");
+    use ustrace::FileSystem;
+    ustrace::tracefs().mkdir("instances/histclk").unwrap();
+    let dir = "instances/histclk";
+    let trig = format!("{dir}/{KMALLOC}/trigger");
+    write(&format!("{dir}/trace_clock"), "local").unwrap();
+    assert!(read(&format!("{dir}/trace_clock"))
+        .unwrap()
+        .contains("[local]"));
+    write(&trig, "hist:keys=common_pid:ts0=common_timestamp.usecs").unwrap();
+    assert!(read(&format!("{dir}/trace_clock"))
+        .unwrap()
+        .contains("[global]"));
+    assert_eq!(
+        read(&trig).unwrap(),
+        "hist:keys=common_pid:vals=hitcount:ts0=common_timestamp.usecs:sort=hitcount:size=2048:clock=global [active]\n"
+    );
+    write(&trig, "hist:keys=common_pid:t=common_timestamp:clock=mono").unwrap();
+    assert!(read(&format!("{dir}/trace_clock"))
+        .unwrap()
+        .contains("[mono]"));
+    write(&format!("{dir}/error_log"), "").unwrap();
+    assert_eq!(
+        write(&trig, "hist:keys=call_site:t=common_timestamp:clock=nosuch"),
+        Err(ustrace::Errno(libc::EINVAL))
+    );
+    let command = "hist:keys=call_site:t=common_timestamp:clock=nosuch";
+    let log = read(&format!("{dir}/error_log")).unwrap();
+    let caret = format!("{}^\n", " ".repeat(11 + command.find("nosuch").unwrap()));
+    assert!(
+        log.ends_with(&format!(
+            "hist:hkmem:kmalloc: error: Couldn't set trace_clock\n  Command: {command}\n{caret}"
+        )),
+        "{log}"
+    );
+    write(&trig, "").unwrap();
+    ustrace::tracefs().rmdir(dir).unwrap();
+}
