@@ -48,8 +48,40 @@ use crate::event::field::read_int;
 
 pub use syntax::{KEY_SIZE_MAX, STACKTRACE_DEPTH, STR_MAX};
 
-/// Frames of ustrace itself above the probe when a stacktrace key is taken.
-const STACK_SKIP: usize = 4;
+/// Frames of ustrace's record path above the probe's caller when a stacktrace key is
+/// taken: found once, by name, on the first such key (the kernel skips a fixed count of its
+/// own frames; ours depend on inlining). `usize::MAX` until then.
+static STACK_SKIP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
+
+/// Whether a frame belongs to the record path rather than to the traced program: ustrace
+/// itself, the thread-local access of its scratch buffer, and the probe functions the
+/// event macros generate.
+fn is_record_path(name: &str) -> bool {
+    name.starts_with("ustrace::")
+        || name.starts_with("<ustrace")
+        || name.starts_with("std::thread::local::")
+        || name.contains("::__attach::")
+        || name.contains("::__call_probes")
+}
+
+/// How many frames (from the caller of [`fill_stack`]) belong to the record path.
+#[cold]
+#[inline(never)]
+fn calibrate_stack_skip() -> usize {
+    let mut frames = [0usize; 64];
+    let n = ustrace_inspect::stack::capture(1, &mut frames);
+    let inventory = ustrace_inspect::symbols::inventory();
+    let skip = frames[..n]
+        .iter()
+        .position(|&addr| {
+            inventory
+                .lookup(addr)
+                .is_none_or(|(sym, _)| !is_record_path(&sym.name))
+        })
+        .unwrap_or(0);
+    STACK_SKIP.store(skip, Ordering::Relaxed);
+    skip
+}
 
 /// What inter-event support adds to a histogram's update (see the module doc).
 pub trait HistHooks: Send + Sync {
@@ -491,12 +523,21 @@ fn copy_str(record: &[u8], src: StrSrc, slot: &mut [u8]) {
     slot[..n].copy_from_slice(&bytes[..n]);
 }
 
-/// Fills a stacktrace key: the calling thread's return addresses, or a `__data_loc`
+/// Fills a stacktrace key: the calling thread's return addresses (from the function that
+/// hit the tracepoint outwards), or a `__data_loc`
 /// array of addresses in the record (`field.stacktrace`).
+#[inline(never)]
 fn fill_stack(record: &[u8], field: Option<usize>, slot: &mut [u8]) {
     let mut frames = [0usize; STACKTRACE_DEPTH];
     let n = match field {
-        None => ustrace_inspect::stack::capture(STACK_SKIP, &mut frames),
+        None => {
+            let skip = match STACK_SKIP.load(Ordering::Relaxed) {
+                usize::MAX => calibrate_stack_skip(),
+                skip => skip,
+            };
+            // Frame 0 is this function, as in the calibration.
+            ustrace_inspect::stack::capture(skip, &mut frames)
+        }
         Some(offset) => {
             let bytes = crate::event::field::data_loc_bytes(record, offset).unwrap_or(&[]);
             let mut n = 0;
