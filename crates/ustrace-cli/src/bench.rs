@@ -24,8 +24,8 @@
 //!
 //! - `hist_update_1key`: `add_loop` plus one `ints3` event whose only consumer is a hist
 //!   trigger `hist:keys=a:vals=b` (u64 key, hitcount and one sum): the record is built aside,
-//!   the key hashed and found in a warm table (1024 keys, claimed in the warm-up), the sums
-//!   added. `_2threads` is two such writers on disjoint keys, beside `index_loop_2threads`.
+//!   the key hashed and found in a warm table (64 keys cycling, as a few hot keys are in
+//!   most histograms, claimed in the warm-up), the sums added. `_2threads` is two such writers on disjoint keys, beside `index_loop_2threads`.
 //!   Every update is checked against the histogram's `Hits`.
 //!
 //! JSON names are an interface: [`NAMES`]; `ring_buffer_write_32b_2threads` and
@@ -304,13 +304,17 @@ fn ints3_loop(n: u64) {
     black_box(acc);
 }
 
-/// `ints3` events whose key `a` cycles over 1024 values from `base` (the hist figures).
+/// Keys one hist-figure writer cycles over.
+const HIST_KEYS: u64 = 64;
+
+/// `ints3` events whose key `a` cycles over [`HIST_KEYS`] values from `base` (the hist
+/// figures).
 #[inline(never)]
 fn hist_loop(n: u64, base: u64) {
     let mut acc = 0u64;
     for i in 0..n {
         acc = acc.wrapping_add(black_box(i));
-        ints3::trace(base + (i & 1023), acc, 7);
+        ints3::trace(base + (i % HIST_KEYS), acc, 7);
     }
     black_box(acc);
 }
@@ -638,14 +642,14 @@ fn hist_figures(
         let one = time_per_op(n, reps, infallible(|k| hist_loop(k, 0)))?;
         // The second thread's keys are claimed here, so both runs find a warm table.
         let warm = n / 10 + 1;
-        hist_loop(warm, 1024);
+        hist_loop(warm, HIST_KEYS);
         let turn = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let mut samples = Vec::with_capacity(reps);
         for _ in 0..reps {
             let turn = turn.clone();
             let ns = two_threads(
                 move |k| {
-                    let base = (turn.fetch_add(1, Ordering::Relaxed) % 2) * 1024;
+                    let base = (turn.fetch_add(1, Ordering::Relaxed) % 2) * HIST_KEYS;
                     hist_loop(k, base);
                     0
                 },
