@@ -961,7 +961,13 @@ impl Parser<'_> {
             let field_str = field_str.to_string();
             rest = next.map(str::to_string);
             let mut n_subexprs = 0;
-            let mut f = self.parse_expr(&field_str, flags::KEY, None, &mut n_subexprs)?;
+            // The legacy key `stacktrace` is the stack even on an event with a field of
+            // that name, as the kernel's `create_key_field` checks it first.
+            let mut f = if field_str == "stacktrace" {
+                create_hist_field(None, flags::KEY | flags::STACKTRACE)?
+            } else {
+                self.parse_expr(&field_str, flags::KEY, None, &mut n_subexprs)?
+            };
             if f.has_vars() {
                 return Err(self.err(HistErrorKind::InvalidRefKey, &field_str));
             }
