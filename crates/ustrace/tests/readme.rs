@@ -32,6 +32,12 @@ const SUPPORTED: &[&str] = &[
     "e[:[<group>/][<event>]] <attached-group>.<attached-event> [<args>]",
     // dynevent/eprobes_syntax_errors.tc, newer add_remove_eprobe.tc
     "<attached-group>.<attached-event> [<args>]",
+    // dynevent/add_remove_synth.tc, trigger-synthetic_event_syntax_errors.tc,
+    // trigger-synthetic-event-syntax.tc (the kernel's README since 6.4 reads
+    // "char name[]; long[] stack'", which the older dynstring test's pattern misses)
+    "s:[synthetic/]",
+    "' >> synthetic_events",
+    "long[]",
     // eprobes_syntax_errors.tc greps this to test `if` filters
     "[if <filter>]",
     // event/event-mod.tc
@@ -67,8 +73,7 @@ const UNSUPPORTED: &[&str] = &[
     "place (kretprobe): [<module>:]<symbol>",
     // uprobes
     "place (uprobe): <path>:<offset>[%return][(ref_ctr_offset)]",
-    // synthetic events and hist (dynevent/add_remove_synth.tc, trigger/inter-event/*)
-    "s:[synthetic/]",
+    // hist and inter-event actions (trigger/inter-event/*)
     "onmatch(",
     "onmax(",
     "onchange(var)",
@@ -138,6 +143,10 @@ fn every_syntax_the_readme_lists_is_accepted() {
         (
             "[if <filter>]",
             "e:readme/e1 readme_sys.readme_tp v=$a:u64 if a > 1",
+        ),
+        (
+            "s:[synthetic/]<event> <field> [<field>]",
+            "s:readme_lat u64 lat; pid_t pid; char name[]; long[] stack",
         ),
     ];
     let _ = write("dynamic_events", "");

@@ -28,14 +28,9 @@ use std::sync::Arc;
 pub use field::{FieldDesc, FieldKind, FieldValue, FixedStr, Layout};
 pub use registry::{registry, Event, EventId};
 
-use crate::trace::EventFile;
+pub use crate::event_file::Attachment;
+use crate::event_file::EventFile;
 use ustrace_ctl::vfs::Errno;
-
-/// Stops feeding an event file; returned by [`EventClass::attach`].
-pub trait Attachment: Send + Sync {
-    /// Stops the records; after it returns no new record reaches the file.
-    fn detach(self: Box<Self>);
-}
 
 /// What makes an event: its names, its record layout, its print format, and how it is
 /// connected to the code that produces it.
@@ -68,6 +63,11 @@ pub trait EventClass: Send + Sync + 'static {
     /// lines are not a print format (dynamic events); false leaves it to the print format.
     fn render_line(&self, _record: &[u8], _out: &mut String) -> bool {
         false
+    }
+    /// [`EventClass::render_line`] knowing the instance's `verbose` option, for events
+    /// whose lines change with it (synthetic events then show each value's conversion).
+    fn render_line_verbose(&self, record: &[u8], out: &mut String, _verbose: bool) -> bool {
+        self.render_line(record, out)
     }
 }
 

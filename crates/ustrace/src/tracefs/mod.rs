@@ -26,8 +26,9 @@ use ustrace_ctl::vfs::{DirEntry, Errno, FileKind, FileSystem, OpenFile, OpenFlag
 use ustrace_ringbuf::clock::Clock;
 
 use crate::event::registry::registry;
+use crate::event_file::EventFile;
 use crate::options::OPTIONS;
-use crate::trace::{try_tracing, EventFile, Instance, Tracing};
+use crate::trace::{try_tracing, Instance, Tracing};
 use files::{parse_bool, parse_ulong, text_arg, TextFile, WriteFn};
 use pipe::TracePipe;
 
@@ -72,6 +73,7 @@ const TOP_FILES: &[(&str, u32)] = &[
     ("saved_cmdlines", 0o440),
     ("saved_cmdlines_size", 0o640),
     ("saved_tgids", 0o440),
+    ("synthetic_events", 0o640),
 ];
 
 const CPU_FILES: &[(&str, u32)] = &[
@@ -501,7 +503,7 @@ fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
         ),
         File::EventHist(event_file) => text(crate::hist::show(&event_file)),
         File::EventFormat(event_file) => text(event_file.event.format_file()),
-        File::EventId(event_file) => text(format!("{}\n", event_file.event.id.0)),
+        File::EventId(event_file) => text(format!("{}\n", event_file.event.id().0)),
         File::HeaderPage => text(header_page()),
         File::HeaderEvent => text(HEADER_EVENT),
         File::Option(instance, name) => rw(
@@ -572,6 +574,7 @@ fn open_instance_file(
         }
         "enabled_functions" => text(ustrace_fprobe::enabled_functions()),
         "dynamic_events" => crate::dynevent::open(flags),
+        "synthetic_events" => crate::synth::open(flags),
         "available_tracers" => text("nop\n"),
         "current_tracer" => rw(
             "nop\n",
@@ -853,8 +856,7 @@ const HEADER_EVENT: &str = "# compressed entry header\n\
 /// tracefs supports by looking for syntax lines in it, so every `Format:`, `fetcharg`,
 /// `type` and trigger line below is spelled exactly as the kernel spells it, and a line is
 /// here only when this build accepts that syntax (`tests/readme.rs` checks both ways).
-/// There is no synthetic-event, inter-event action, kprobe or uprobe line: none of those
-/// exist here.
+/// There is no inter-event action, kprobe or uprobe line: none of those exist here.
 const README: &str = "\
 ustrace tracefs: the kernel's event tracing, served by this process.
 
@@ -890,6 +892,7 @@ ustrace tracefs: the kernel's event tracing, served by this process.
 \t   Format: f[:[<group>/][<event>]] <func-name>[%return] [<args>]
 \t           t[:[<group>/][<event>]] <tracepoint> [<args>]
 \t           e[:[<group>/][<event>]] <attached-group>.<attached-event> [<args>] [if <filter>]
+\t           s:[synthetic/]<event> <field> [<field>]
 \t           -:[<group>/][<event>]
 \t     args: <name>=fetcharg[:type]
 \t fetcharg: $<efield>, @<address>, @<symbol>[+|-<offset>],
@@ -901,6 +904,12 @@ ustrace tracefs: the kernel's event tracing, served by this process.
 \t           b<bit-width>@<bit-offset>/<container-size>, ustring,
 \t           symstr, <type>\\[<array-size>\\]
 \t    efield: in an 'e' probe, a field of <attached-group>/<attached-event>.
+\t    field: <stype> <name>;
+\t    stype: u8/u16/u32/u64, s8/s16/s32/s64, pid_t,
+\t           [unsigned] char/int/long
+  events/synthetic_events\t- Create/append/remove/show synthetic events
+\t  Write into this file to define/undefine new synthetic events.
+\t     example: echo 'myevent u64 lat; char name[]; long[] stack' >> synthetic_events
   set_event\t\t- enabled events; write SYS:EVENT, SYS:*, EVENT, !EVENT
 \t\t\t  Can enable module events via: :mod:<module>
 \t\t\t  (a module is the crate that declares the events)
