@@ -590,6 +590,7 @@ fn hist_figures(
 
 /// A whole tracefs file.
 fn read_all(path: &str) -> Result<String, String> {
+    use ustrace::{FileSystem, OpenFlags};
     let mut file = ustrace::tracefs()
         .open(path, OpenFlags::READ)
         .map_err(|e| format!("open {path}: {e}"))?;
