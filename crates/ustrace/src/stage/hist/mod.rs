@@ -37,7 +37,7 @@
 pub mod show;
 pub mod syscalls;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ustrace_filter::hist::{self as syntax, flags, DivBy, HistData, HistField, Op};
@@ -47,11 +47,6 @@ use ustrace_tracemap::{Elt, MapConfig, TracingMap};
 use crate::event::field::read_int;
 
 pub use syntax::{KEY_SIZE_MAX, STACKTRACE_DEPTH, STR_MAX};
-
-/// Frames of ustrace's record path above the probe's caller when a stacktrace key is
-/// taken: found once, by name, on the first such key (the kernel skips a fixed count of its
-/// own frames; ours depend on inlining). `usize::MAX` until then.
-static STACK_SKIP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
 
 /// Whether a frame belongs to the record path rather than to the traced program: ustrace
 /// itself, the thread-local access of its scratch buffer, and the probe functions the
@@ -64,10 +59,10 @@ fn is_record_path(name: &str) -> bool {
         || name.contains("::__call_probes")
 }
 
-/// How many frames (from the caller of [`fill_stack`]) belong to the record path.
+/// How many frames (from [`fill_stack`] out) belong to the record path, stored in `skip`.
 #[cold]
 #[inline(never)]
-fn calibrate_stack_skip() -> usize {
+fn calibrate_stack_skip(skip_slot: &AtomicUsize) -> usize {
     let mut frames = [0usize; 64];
     let n = ustrace_inspect::stack::capture(1, &mut frames);
     let inventory = ustrace_inspect::symbols::inventory();
@@ -79,7 +74,7 @@ fn calibrate_stack_skip() -> usize {
                 .is_none_or(|(sym, _)| !is_record_path(&sym.name))
         })
         .unwrap_or(0);
-    STACK_SKIP.store(skip, Ordering::Relaxed);
+    skip_slot.store(skip, Ordering::Relaxed);
     skip
 }
 
@@ -297,6 +292,11 @@ pub struct Hist {
     plain: Option<Plain>,
     /// Inter-event support, when the trigger needs it.
     pub hooks: Option<Arc<dyn HistHooks>>,
+    /// Frames of ustrace's record path above the function that hit the tracepoint, for
+    /// stacktrace keys: found once, by name, on the first such key (the kernel skips a
+    /// fixed count of its own frames; ours depend on inlining and on the producer, a probe
+    /// or `trace_marker`, so each histogram finds its own). `usize::MAX` until then.
+    stack_skip: AtomicUsize,
 }
 
 impl std::fmt::Debug for Hist {
@@ -409,6 +409,7 @@ impl Hist {
             _ => None,
         };
         Ok(Hist {
+            stack_skip: AtomicUsize::new(usize::MAX),
             plain,
             name: data.attrs.name.clone(),
             data,
@@ -462,7 +463,7 @@ impl Hist {
                     slot[..n].copy_from_slice(&v[..n]);
                 }
                 KeyKind::Str(src) => copy_str(record, *src, slot),
-                KeyKind::Stack(field) => fill_stack(record, *field, slot),
+                KeyKind::Stack(field) => fill_stack(record, *field, slot, &self.stack_skip),
             }
         }
         self.update_key(&buf[..key_size], &ctx);
@@ -527,12 +528,12 @@ fn copy_str(record: &[u8], src: StrSrc, slot: &mut [u8]) {
 /// hit the tracepoint outwards), or a `__data_loc`
 /// array of addresses in the record (`field.stacktrace`).
 #[inline(never)]
-fn fill_stack(record: &[u8], field: Option<usize>, slot: &mut [u8]) {
+fn fill_stack(record: &[u8], field: Option<usize>, slot: &mut [u8], skip_slot: &AtomicUsize) {
     let mut frames = [0usize; STACKTRACE_DEPTH];
     let n = match field {
         None => {
-            let skip = match STACK_SKIP.load(Ordering::Relaxed) {
-                usize::MAX => calibrate_stack_skip(),
+            let skip = match skip_slot.load(Ordering::Relaxed) {
+                usize::MAX => calibrate_stack_skip(skip_slot),
                 skip => skip,
             };
             // Frame 0 is this function, as in the calibration.
