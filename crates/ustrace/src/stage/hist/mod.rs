@@ -313,9 +313,33 @@ impl std::fmt::Debug for Hist {
 struct IntAt(usize, usize, bool);
 
 impl IntAt {
+    /// The field's value, sign-extended when signed: fixed-size loads for the sizes the
+    /// kernel's hist fields have (no `memcpy` call on the update path).
     #[inline(always)]
     fn read(self, record: &[u8]) -> u64 {
-        read_int(record, self.0, self.1, self.2)
+        let IntAt(offset, size, signed) = self;
+        macro_rules! load {
+            ($t:ty, $s:ty) => {
+                match record.get(offset..offset + std::mem::size_of::<$t>()) {
+                    Some(b) => {
+                        let v = <$t>::from_ne_bytes(b.try_into().unwrap_or_default());
+                        if signed {
+                            v as $s as i64 as u64
+                        } else {
+                            v as u64
+                        }
+                    }
+                    None => 0,
+                }
+            };
+        }
+        match size {
+            8 => load!(u64, i64),
+            4 => load!(u32, i32),
+            2 => load!(u16, i16),
+            1 => load!(u8, i8),
+            _ => read_int(record, offset, size, signed),
+        }
     }
 }
 
@@ -677,6 +701,22 @@ mod tests {
         key[8..].copy_from_slice(&10u64.to_ne_bytes());
         let elt = h.map.lookup(&key).unwrap();
         assert_eq!((elt.val(0), elt.val(1)), (1, 1000));
+    }
+
+    #[test]
+    fn fixed_size_reads_agree_with_read_int() {
+        let record: Vec<u8> = (0..32u8).map(|b| b.wrapping_mul(37).wrapping_add(0x80)).collect();
+        for size in [1, 2, 4, 8] {
+            for signed in [false, true] {
+                for offset in 0..=32 {
+                    assert_eq!(
+                        IntAt(offset, size, signed).read(&record),
+                        read_int(&record, offset, size, signed),
+                        "{offset} {size} {signed}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
