@@ -12,6 +12,16 @@
 //!
 //! What runs on each record is the hist stage ([`crate::stage::hist`]); this floor only
 //! sets it up and reads it back (the `hist` file, [`show`]).
+//!
+//! # Where inter-event support plugs in
+//!
+//! - [`FileEnv`]'s `HistEnv::find_var` resolves `$var` (and `system.event.$var`) to a
+//!   variable of another registered trigger; without it every reference is "Couldn't find
+//!   variable", as on a kernel where no trigger defines it.
+//! - [`create_actions`] turns the parsed `onmatch`/`onmax`/`onchange` handlers and the
+//!   variable references into the histogram's [`HistHooks`] and extra variable slots,
+//!   after the trigger is known not to exist yet (the kernel's `create_actions` runs
+//!   there too). Until it exists, a trigger with handlers or references is refused.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +33,7 @@ use ustrace_filter::hist::{
 };
 use ustrace_filter::trigger::{Command, Kind, Trigger};
 
-use crate::stage::hist::{Attached, Hist};
+use crate::stage::hist::{Attached, Hist, HistHooks};
 use crate::stage::trigger::{Registered, MAX_TRIGGERS};
 use crate::trace::{EventFile, Instance};
 
@@ -222,12 +232,31 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
     if list.len() >= MAX_TRIGGERS {
         return Err(Errno::ENOSPC);
     }
+    if data.enable_timestamps {
+        // As the kernel, a trigger that uses timestamps sets the instance's clock to its
+        // `clock=` (default `global`), which clears the buffer when it changes.
+        let Some(clock) = ustrace_ringbuf::clock::Clock::from_name(&data.attrs.clock) else {
+            return fail(
+                HistErrorKind::SetClockFail,
+                data.errpos(&data.attrs.clock),
+                syntax::EINVAL,
+            );
+        };
+        if clock != instance.buffer().clock() {
+            instance.buffer().set_clock(clock);
+            instance.reset_buffer();
+        }
+    }
     let paused = data.attrs.pause;
     let hist = match named_hist {
         Some(n) => n,
         None => {
             let name = data.attrs.name.clone();
-            let hist = Arc::new(Hist::new(data, 0, None).map_err(|_| Errno::ENOMEM)?);
+            let (extra_vars, hooks) = create_actions(instance, file, &data).map_err(|e| {
+                log(instance, file, &cmd, &e);
+                Errno(e.errno)
+            })?;
+            let hist = Arc::new(Hist::new(data, extra_vars, hooks).map_err(|_| Errno::ENOMEM)?);
             if let Some(name) = name {
                 named()
                     .lock()
@@ -253,6 +282,23 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
     file.publish_triggers(&list);
     drop(list);
     file.soft_mode_get()
+}
+
+/// What inter-event support makes of a new trigger's handlers (`onmatch`, `onmax`,
+/// `onchange`) and variable references: the variable slots it needs beyond the trigger's
+/// own, and the hooks the histogram runs on each update (see [`crate::stage::hist`]).
+/// Single-event triggers need neither.
+pub fn create_actions(
+    _instance: &Instance,
+    _file: &Arc<EventFile>,
+    data: &HistData,
+) -> Result<(usize, Option<Arc<dyn HistHooks>>), HistError> {
+    if data.actions.is_empty() && data.var_refs.is_empty() {
+        return Ok((0, None));
+    }
+    // Handlers and cross-event references run in the inter-event hooks; without them such
+    // a trigger would register and silently do nothing.
+    Err(HistError::silent(syntax::EINVAL))
 }
 
 /// What the event's `hist` file shows: one section per hist trigger, in list order.

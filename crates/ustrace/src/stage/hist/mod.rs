@@ -37,7 +37,7 @@
 pub mod show;
 pub mod syscalls;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ustrace_filter::hist::{self as syntax, flags, DivBy, HistData, HistField, Op};
@@ -48,8 +48,35 @@ use crate::event::field::read_int;
 
 pub use syntax::{KEY_SIZE_MAX, STACKTRACE_DEPTH, STR_MAX};
 
-/// Frames of ustrace itself above the probe when a stacktrace key is taken.
-const STACK_SKIP: usize = 4;
+/// Whether a frame belongs to the record path rather than to the traced program: ustrace
+/// itself, the thread-local access of its scratch buffer, and the probe functions the
+/// event macros generate.
+fn is_record_path(name: &str) -> bool {
+    name.starts_with("ustrace::")
+        || name.starts_with("<ustrace")
+        || name.starts_with("std::thread::local::")
+        || name.contains("::__attach::")
+        || name.contains("::__call_probes")
+}
+
+/// How many frames (from [`fill_stack`] out) belong to the record path, stored in `skip`.
+#[cold]
+#[inline(never)]
+fn calibrate_stack_skip(skip_slot: &AtomicUsize) -> usize {
+    let mut frames = [0usize; 64];
+    let n = ustrace_inspect::stack::capture(1, &mut frames);
+    let inventory = ustrace_inspect::symbols::inventory();
+    let skip = frames[..n]
+        .iter()
+        .position(|&addr| {
+            inventory
+                .lookup(addr)
+                .is_none_or(|(sym, _)| !is_record_path(&sym.name))
+        })
+        .unwrap_or(0);
+    skip_slot.store(skip, Ordering::Relaxed);
+    skip
+}
 
 /// What inter-event support adds to a histogram's update (see the module doc).
 pub trait HistHooks: Send + Sync {
@@ -179,7 +206,8 @@ impl Ev {
             } => read_int(ctx.record, *offset, *size, *signed),
             Ev::Timestamp => {
                 let ns = ustrace_ringbuf::clock::now(ctx.clock);
-                if ctx.usecs {
+                // `.usecs` converts only a clock that counts nanoseconds, as the kernel's.
+                if ctx.usecs && ctx.clock.in_nanos() {
                     (ns + 500) / 1000
                 } else {
                     ns
@@ -259,8 +287,16 @@ pub struct Hist {
     vars: Vec<(usize, Ev)>,
     /// One numeric key: no compound key to assemble.
     single_num_key: bool,
+    /// Plain integer fields only (one key, sums, no variables, no hooks): the update
+    /// reads them straight from the record, without the evaluator.
+    plain: Option<Plain>,
     /// Inter-event support, when the trigger needs it.
     pub hooks: Option<Arc<dyn HistHooks>>,
+    /// Frames of ustrace's record path above the function that hit the tracepoint, for
+    /// stacktrace keys: found once, by name, on the first such key (the kernel skips a
+    /// fixed count of its own frames; ours depend on inlining and on the producer, a probe
+    /// or `trace_marker`, so each histogram finds its own). `usize::MAX` until then.
+    stack_skip: AtomicUsize,
 }
 
 impl std::fmt::Debug for Hist {
@@ -269,6 +305,59 @@ impl std::fmt::Debug for Hist {
             .field("name", &self.name)
             .field("keys", &self.keys)
             .finish_non_exhaustive()
+    }
+}
+
+/// An integer field read straight from the record: offset, size, signedness.
+#[derive(Debug, Clone, Copy)]
+struct IntAt(usize, usize, bool);
+
+impl IntAt {
+    /// The field's value, sign-extended when signed: fixed-size loads for the sizes the
+    /// kernel's hist fields have (no `memcpy` call on the update path).
+    #[inline(always)]
+    fn read(self, record: &[u8]) -> u64 {
+        let IntAt(offset, size, signed) = self;
+        macro_rules! load {
+            ($t:ty, $s:ty) => {
+                match record.get(offset..offset + std::mem::size_of::<$t>()) {
+                    Some(b) => {
+                        let v = <$t>::from_ne_bytes(b.try_into().unwrap_or_default());
+                        if signed {
+                            v as $s as i64 as u64
+                        } else {
+                            v as u64
+                        }
+                    }
+                    None => 0,
+                }
+            };
+        }
+        match size {
+            8 => load!(u64, i64),
+            4 => load!(u32, i32),
+            2 => load!(u16, i16),
+            1 => load!(u8, i8),
+            _ => read_int(record, offset, size, signed),
+        }
+    }
+}
+
+/// The common shape `keys=field:vals=field,...`, compiled to offsets.
+#[derive(Debug)]
+struct Plain {
+    key: IntAt,
+    sums: Vec<(usize, IntAt)>,
+}
+
+fn plain_int(ev: &Ev) -> Option<IntAt> {
+    match ev {
+        Ev::Int {
+            offset,
+            size,
+            signed,
+        } => Some(IntAt(*offset, *size, *signed)),
+        _ => None,
     }
 }
 
@@ -327,7 +416,25 @@ impl Hist {
             }
         }
         let single_num_key = keys.len() == 1 && matches!(keys[0].kind, KeyKind::Num(_));
+        let plain = match (&keys[..], vars.is_empty() && hooks.is_none()) {
+            (
+                [KeyPart {
+                    kind: KeyKind::Num(ev),
+                    ..
+                }],
+                true,
+            ) => plain_int(ev).and_then(|key| {
+                let sums: Option<Vec<_>> = sums
+                    .iter()
+                    .map(|(i, ev)| plain_int(ev).map(|f| (*i, f)))
+                    .collect();
+                sums.map(|sums| Plain { key, sums })
+            }),
+            _ => None,
+        };
         Ok(Hist {
+            stack_skip: AtomicUsize::new(usize::MAX),
+            plain,
             name: data.attrs.name.clone(),
             data,
             map,
@@ -343,6 +450,17 @@ impl Hist {
     /// Adds one record. No lock, no allocation.
     #[inline]
     pub fn update(&self, record: &[u8], clock: ustrace_ringbuf::clock::Clock) {
+        if let Some(plain) = &self.plain {
+            let key = plain.key.read(record).to_ne_bytes();
+            let Some(elt) = self.map.insert(&key) else {
+                return;
+            };
+            elt.add(0, 1);
+            for (i, f) in &plain.sums {
+                elt.add(*i, f.read(record));
+            }
+            return;
+        }
         // Keys never read variable references (the parser refuses them).
         let ctx = Ctx {
             record,
@@ -369,7 +487,7 @@ impl Hist {
                     slot[..n].copy_from_slice(&v[..n]);
                 }
                 KeyKind::Str(src) => copy_str(record, *src, slot),
-                KeyKind::Stack(field) => fill_stack(record, *field, slot),
+                KeyKind::Stack(field) => fill_stack(record, *field, slot, &self.stack_skip),
             }
         }
         self.update_key(&buf[..key_size], &ctx);
@@ -430,12 +548,21 @@ fn copy_str(record: &[u8], src: StrSrc, slot: &mut [u8]) {
     slot[..n].copy_from_slice(&bytes[..n]);
 }
 
-/// Fills a stacktrace key: the calling thread's return addresses, or a `__data_loc`
+/// Fills a stacktrace key: the calling thread's return addresses (from the function that
+/// hit the tracepoint outwards), or a `__data_loc`
 /// array of addresses in the record (`field.stacktrace`).
-fn fill_stack(record: &[u8], field: Option<usize>, slot: &mut [u8]) {
+#[inline(never)]
+fn fill_stack(record: &[u8], field: Option<usize>, slot: &mut [u8], skip_slot: &AtomicUsize) {
     let mut frames = [0usize; STACKTRACE_DEPTH];
     let n = match field {
-        None => ustrace_inspect::stack::capture(STACK_SKIP, &mut frames),
+        None => {
+            let skip = match skip_slot.load(Ordering::Relaxed) {
+                usize::MAX => calibrate_stack_skip(skip_slot),
+                skip => skip,
+            };
+            // Frame 0 is this function, as in the calibration.
+            ustrace_inspect::stack::capture(skip, &mut frames)
+        }
         Some(offset) => {
             let bytes = crate::event::field::data_loc_bytes(record, offset).unwrap_or(&[]);
             let mut n = 0;
@@ -481,5 +608,122 @@ impl Attached {
             return;
         }
         self.hist.update(record, clock);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ustrace_filter::hist::{EventField, HistEnv};
+    use ustrace_ringbuf::clock::Clock;
+
+    /// A wakeup-like event: `pid` (int) at 8, `prio` (int) at 12, `delay` (u64) at 16.
+    struct Wakeup;
+
+    impl HistEnv for Wakeup {
+        fn event(&self) -> (&str, &str) {
+            ("sched", "wakeup")
+        }
+        fn field(&self, name: &str) -> Option<EventField> {
+            let f = |name: &str, c_type: &str, offset, size, signed| EventField {
+                name: name.into(),
+                c_type: c_type.into(),
+                offset,
+                size,
+                signed,
+            };
+            [
+                f("common_pid", "int", 4, 4, true),
+                f("pid", "int", 8, 4, true),
+                f("prio", "int", 12, 4, true),
+                f("delay", "u64", 16, 8, false),
+            ]
+            .into_iter()
+            .find(|f| f.name == name)
+        }
+    }
+
+    fn record(pid: i32, prio: i32, delay: u64) -> [u8; 24] {
+        let mut r = [0u8; 24];
+        r[4..8].copy_from_slice(&pid.to_ne_bytes());
+        r[8..12].copy_from_slice(&pid.to_ne_bytes());
+        r[12..16].copy_from_slice(&prio.to_ne_bytes());
+        r[16..24].copy_from_slice(&delay.to_ne_bytes());
+        r
+    }
+
+    fn hist(spec: &str) -> Hist {
+        let data = ustrace_filter::hist::parse(spec, &Wakeup, false).unwrap();
+        Hist::new(data, 0, None).unwrap()
+    }
+
+    #[test]
+    fn variables_are_stored_in_the_element_of_the_key() {
+        let h = hist("keys=pid:ts0=common_timestamp.usecs,d=delay*2+1,p=$pid_alias:pid_alias=prio");
+        // `p=$pid_alias` names a plain-field variable of the same trigger: it reads `prio`.
+        let before = ustrace_ringbuf::clock::now(Clock::Mono) / 1000;
+        h.update(&record(7, 120, 10), Clock::Mono);
+        h.update(&record(8, 99, 3), Clock::Mono);
+        h.update(&record(7, 110, 20), Clock::Mono);
+        let after = ustrace_ringbuf::clock::now(Clock::Mono) / 1000 + 1;
+        let idx = |name: &str| {
+            h.data
+                .fields
+                .iter()
+                .find(|f| f.var_name.as_deref() == Some(name))
+                .unwrap()
+                .var_idx
+        };
+        // Keys are 8-byte slots: the int pid is sign-extended into one.
+        let key = (7i64 as u64).to_ne_bytes();
+        let elt = h.map.lookup(&key).unwrap();
+        assert_eq!(elt.val(0), 2);
+        let ts = elt.var(idx("ts0")).unwrap();
+        assert!(
+            (before..=after).contains(&ts),
+            "{before} <= {ts} <= {after}"
+        );
+        assert_eq!(elt.var(idx("d")), Some(41));
+        assert_eq!(elt.var(idx("p")), Some(110));
+        assert_eq!(elt.var(idx("pid_alias")), Some(110));
+        let other = h.map.lookup(&(8i64 as u64).to_ne_bytes()).unwrap();
+        assert_eq!(other.var(idx("d")), Some(7));
+        // A variable is a slot of the element, not a sum: nothing else reads it as one.
+        assert_eq!(h.data.n_sums(), 1);
+    }
+
+    #[test]
+    fn signed_fields_and_log2_keys_fill_eight_byte_slots() {
+        let h = hist("keys=prio,delay.log2:vals=delay");
+        h.update(&record(1, -5, 1000), Clock::Mono);
+        let mut key = [0u8; 16];
+        key[..8].copy_from_slice(&(-5i64 as u64).to_ne_bytes());
+        key[8..].copy_from_slice(&10u64.to_ne_bytes());
+        let elt = h.map.lookup(&key).unwrap();
+        assert_eq!((elt.val(0), elt.val(1)), (1, 1000));
+    }
+
+    #[test]
+    fn fixed_size_reads_agree_with_read_int() {
+        let record: Vec<u8> = (0..32u8).map(|b| b.wrapping_mul(37).wrapping_add(0x80)).collect();
+        for size in [1, 2, 4, 8] {
+            for signed in [false, true] {
+                for offset in 0..=32 {
+                    assert_eq!(
+                        IntAt(offset, size, signed).read(&record),
+                        read_int(&record, offset, size, signed),
+                        "{offset} {size} {signed}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn log2_rounds_up_as_the_kernel() {
+        let got: Vec<u64> = [0, 1, 2, 3, 4, 5, 1024, 1025, u64::MAX]
+            .map(log2_roundup)
+            .to_vec();
+        assert_eq!(got, [0, 0, 1, 2, 2, 3, 10, 11, 0]);
     }
 }
