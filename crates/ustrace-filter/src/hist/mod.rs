@@ -28,7 +28,7 @@
 //! a [`HistEnv`]; so do the things only the caller can know (variables of other
 //! triggers, other events), which is where inter-event support hooks in: a
 //! [`HistEnv::find_var`] that finds `$var` on other events' triggers turns a reference
-//! into a [`FieldKind::VarRef`] node, which the engine reads from the values resolved
+//! into a field flagged `VAR_REF` ([`HistField::var_ref`]), which the engine reads from the values resolved
 //! for the record.
 //!
 //! The parsed fields mirror the kernel's `struct hist_field` (flags, size, type, key

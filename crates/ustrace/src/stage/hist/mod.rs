@@ -705,7 +705,9 @@ mod tests {
 
     #[test]
     fn fixed_size_reads_agree_with_read_int() {
-        let record: Vec<u8> = (0..32u8).map(|b| b.wrapping_mul(37).wrapping_add(0x80)).collect();
+        let record: Vec<u8> = (0..32u8)
+            .map(|b| b.wrapping_mul(37).wrapping_add(0x80))
+            .collect();
         for size in [1, 2, 4, 8] {
             for signed in [false, true] {
                 for offset in 0..=32 {
