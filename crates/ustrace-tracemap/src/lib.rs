@@ -138,9 +138,13 @@ impl std::error::Error for MapError {}
 pub const MAX_ELTS: usize = 1 << 30;
 
 /// A slot word: high 32 bits the hash tag (0 = free), low 32 bits the element index plus one
-/// (0 = claimed but not yet published).
+/// (0 = claimed but not yet published, [`DEAD`] = claimed when the pool had run out).
 const TAG_SHIFT: u32 = 32;
 const IDX_MASK: u64 = 0xffff_ffff;
+/// The index of a slot whose claim found no element left. The slot stays taken until the
+/// next clear: freeing it would open a hole in the probe run of any key that walked past it
+/// meanwhile and settled further on, and lookups stop at the first free slot.
+const DEAD: u64 = IDX_MASK;
 
 /// How many times a reader spins on a half-published slot before yielding its CPU.
 const SPINS_BEFORE_YIELD: u32 = 64;
@@ -565,9 +569,9 @@ impl TracingMap {
     pub fn for_each(&self, mut f: impl FnMut(&Elt)) {
         for slot in self.table.iter() {
             let word = slot.load(Ordering::Acquire);
-            let idx = (word & IDX_MASK) as usize;
-            if idx != 0 {
-                f(self.elt(idx - 1));
+            let idx = word & IDX_MASK;
+            if idx != 0 && idx != DEAD {
+                f(self.elt(idx as usize - 1));
             }
         }
     }
@@ -623,6 +627,9 @@ impl TracingMap {
                         break;
                     }
                     let elt_idx = (word & IDX_MASK) as usize;
+                    if elt_idx as u64 == DEAD {
+                        break;
+                    }
                     if elt_idx == 0 {
                         // Another thread claimed this slot for a key with our tag and is
                         // writing the key: wait for it, or it could be our key and we would
@@ -652,6 +659,15 @@ impl TracingMap {
             }
             return None;
         }
+    }
+
+    /// Settles a slot this thread took when no element was left for it: a drop. The kernel
+    /// gives the slot back; that can hide a key that probed past this slot while it was taken
+    /// and settled further on (lookups stop at the first free slot), so it stays taken, dead,
+    /// until the next clear.
+    fn abandon(&self, slot: &AtomicU64, tag: u64) {
+        slot.store((tag << TAG_SHIFT) | DEAD, Ordering::Release);
+        self.drops.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Claims the free `slot` for `key`, found by a probe that started in clear generation
@@ -684,9 +700,7 @@ impl TracingMap {
         // Acquire pairs with clear's release, so the element is seen zeroed.
         let n = self.next_elt.fetch_add(1, Ordering::Acquire);
         if n >= self.cfg.max_elts {
-            // Lost the race for the last element: give the slot back, as the kernel does.
-            slot.store(0, Ordering::Release);
-            self.drops.fetch_add(1, Ordering::Relaxed);
+            self.abandon(slot, tag);
             return Claim::Done(None);
         }
         let elt = self.elt(n);
@@ -709,6 +723,34 @@ mod tests {
             n_vars,
         })
         .unwrap()
+    }
+
+    /// Two claims race for the last element: A takes slot S first, B (another key whose run
+    /// passes S) settles in the next slot and gets the element, A finds none left. B's key
+    /// must stay reachable after A settles S.
+    #[test]
+    fn a_claim_that_finds_the_pool_empty_leaves_no_hole_in_a_probe_run() {
+        let m = map(1, 8, 1, 0);
+        let b = 42u64.to_ne_bytes();
+        let hash = hash_key(&b);
+        let home = (hash >> (64 - m.table_bits)) as usize;
+        let tag_b = (hash as u32 | 1) as u64;
+        let tag_a = if tag_b == 3 { 5 } else { 3 };
+        // A has taken B's home slot and is about to ask for an element.
+        m.table[home].store(tag_a << TAG_SHIFT, Ordering::Release);
+        let elt = m.insert(&b).expect("B gets the last element") as *const Elt;
+        assert_eq!(m.len(), 1);
+        // A finds the pool empty.
+        m.abandon(&m.table[home], tag_a);
+        let found = m.lookup(&b).expect("B is still found") as *const Elt;
+        assert!(std::ptr::eq(found, elt));
+        assert!(m.insert(&7u64.to_ne_bytes()).is_none());
+        assert_eq!(m.drops(), 2);
+        let mut seen = 0;
+        m.for_each(|_| seen += 1);
+        assert_eq!(seen, 1);
+        m.clear();
+        assert!(m.insert(&7u64.to_ne_bytes()).is_some());
     }
 
     #[test]
