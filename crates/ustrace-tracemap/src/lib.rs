@@ -1,0 +1,744 @@
+//! The kernel's `tracing_map` for user space: a fixed-size, preallocated, lock-free hash table
+//! from byte-string keys to per-key `u64` sums and variables.
+//!
+//! # Where it sits in the data path
+//!
+//! A hist trigger compiles its `keys=` into one fixed-width byte string and its `vals=` into
+//! value slots. On every event record the trigger builds the key on the stack, calls
+//! [`TracingMap::insert`] and adds into the returned [`Elt`] with [`Elt::add`]. Reading the
+//! `hist` file walks the claimed elements with [`TracingMap::for_each`], sorts and prints them.
+//! Inter-event variables (`$ts0`) live in an element's variable slots ([`Elt::set_var`],
+//! [`Elt::take_var`]).
+//!
+//! # What it guarantees
+//!
+//! - `insert`, `lookup`, `add`, `set_val`, `val`, `set_var`, `var` and `take_var` take no lock,
+//!   allocate nothing and make no system call. Everything is allocated by [`TracingMap::new`].
+//! - A key is claimed at most once: two threads inserting the same new key at the same time get
+//!   the same element.
+//! - When the element pool is exhausted, `insert` of a new key returns `None` and counts a drop
+//!   ([`TracingMap::drops`]); existing keys keep being found and updated.
+//! - Every cross-thread access is an atomic operation, so the map is `Send + Sync` and no
+//!   interleaving of its methods can touch memory outside its preallocated arrays.
+//!
+//! # Design points kept from the kernel (`kernel/trace/tracing_map.c`, histogram-design.rst)
+//!
+//! - The element pool (`max_elts` elements, each holding the key bytes, the sums and the
+//!   variables) is allocated up front; a new key takes the next free element by an atomic
+//!   counter, and elements are never freed one by one — only [`TracingMap::clear`] empties the
+//!   map.
+//! - The table has twice as many slots as there are elements, so open addressing with linear
+//!   probing always finds a free slot quickly. A slot holds a 32-bit hash tag (never 0, 0 means
+//!   free) and a reference to its element; a new key claims a free slot with compare-and-swap on
+//!   the tag, then takes an element, writes the key into it and publishes the element in the
+//!   slot.
+//! - A reader meeting a slot whose tag matches but whose element is not yet published waits for
+//!   the publisher, as the kernel's `dup_try` loop does, so the same key is never claimed twice.
+//! - Keys are compared in full once the tags match; lookups never claim.
+//! - When the pool is empty the slot that was claimed is given back and a drop is counted, as
+//!   the kernel does.
+//!
+//! # Where it differs
+//!
+//! - The tag and the element index share one 64-bit word per slot, so a reader sees both with a
+//!   single load; the kernel keeps a 32-bit key and an element pointer in two words.
+//! - The hash is a 64-bit multiply–fold over 8-byte words (not jhash); the slot is chosen by its
+//!   high bits and the tag is its low 32 bits, so a tag match says more than the slot position
+//!   already did.
+//! - A full pool is detected before a slot is claimed, so a full map costs one shared load per
+//!   new key instead of a compare-and-swap on the table.
+//! - The kernel waits at most a bounded number of times for a half-published slot (it runs with
+//!   preemption off, so the publisher is running). Here a publisher thread can be preempted, so
+//!   after a short spin the waiter yields its CPU (`sched_yield`). This is the one system call the
+//!   insert path can make, and only when another thread is between claiming and publishing a
+//!   slot with the same tag.
+//! - Keys are stored as 8-byte words, zero-padded, so comparing a key costs one compare per word.
+//! - Variables carry a "set" bit; [`Elt::take_var`] clears it with one atomic operation and
+//!   returns the value, so a variable reference consumes the variable as the kernel's does.
+//!
+//! # Clearing while writers run
+//!
+//! [`TracingMap::clear`] is meant to run with writers paused (the hist trigger's `pause`/`clear`
+//! does so, as the kernel does with `synchronize_rcu`). If writers do run concurrently, nothing
+//! outside the map's arrays is touched and no operation panics or hangs, but the result is
+//! loose: an update racing with the clear can land in the cleared sums (counts may be torn),
+//! an element handed out before the clear can be handed out again for a new key after it, a
+//! key being inserted during the clear may or may not survive, and the key bytes of an [`Elt`]
+//! obtained before the clear can change under a caller that still holds it and the new claim
+//! rewrites them.
+
+#![warn(missing_docs)]
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// The shape of a map: fixed at [`TracingMap::new`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapConfig {
+    /// How many distinct keys the map holds (a power of two: the hist `size`, already rounded).
+    pub max_elts: usize,
+    /// Bytes of one key (compound keys concatenated, strings fixed-width).
+    pub key_size: usize,
+    /// `u64` sums per element (the hitcount is the caller's value 0).
+    pub n_vals: usize,
+    /// `u64` variables per element, each with a "set" bit.
+    pub n_vars: usize,
+}
+
+/// Why [`TracingMap::new`] refused a configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MapError {
+    /// `max_elts` is 0 or not a power of two.
+    NotPowerOfTwo(usize),
+    /// `max_elts` is above [`MAX_ELTS`].
+    TooManyElts(usize),
+    /// `key_size` is 0: a map needs a key.
+    EmptyKey,
+    /// The preallocation failed (the kernel's `ENOMEM`).
+    NoMemory,
+}
+
+impl fmt::Display for MapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MapError::NotPowerOfTwo(n) => write!(f, "map size {n} is not a power of two"),
+            MapError::TooManyElts(n) => {
+                write!(f, "map size {n} is above the maximum of {MAX_ELTS}")
+            }
+            MapError::EmptyKey => f.write_str("map key size is 0"),
+            MapError::NoMemory => f.write_str("cannot allocate the map"),
+        }
+    }
+}
+
+impl std::error::Error for MapError {}
+
+/// The largest `max_elts` accepted: slot words keep an element index in 32 bits and the table
+/// has `2 * max_elts` slots.
+pub const MAX_ELTS: usize = 1 << 30;
+
+/// A slot word: high 32 bits the hash tag (0 = free), low 32 bits the element index plus one
+/// (0 = claimed but not yet published).
+const TAG_SHIFT: u32 = 32;
+const IDX_MASK: u64 = 0xffff_ffff;
+
+/// How many times a reader spins on a half-published slot before yielding its CPU.
+const SPINS_BEFORE_YIELD: u32 = 64;
+
+/// The lock-free, preallocated hash table. See the module documentation.
+pub struct TracingMap {
+    cfg: MapConfig,
+    /// `2 * max_elts` slot words, see [`TAG_SHIFT`].
+    table: Box<[AtomicU64]>,
+    /// `log2(table.len())`: the slot index is the hash's top `table_bits` bits.
+    table_bits: u32,
+    elts: Box<[Elt]>,
+    /// Elements handed out; may run past `max_elts` by the number of racing failed claims.
+    next_elt: AtomicUsize,
+    drops: AtomicU64,
+}
+
+/// One element: a key, its sums and its variables. Obtained from [`TracingMap::insert`],
+/// [`TracingMap::lookup`] or [`TracingMap::for_each`].
+pub struct Elt {
+    /// `[key words][vals][vars][var set bits]`, one allocation per element.
+    words: Box<[AtomicU64]>,
+    key_size: u32,
+    key_words: u32,
+    n_vals: u32,
+    n_vars: u32,
+}
+
+impl fmt::Debug for Elt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let vals: Vec<u64> = (0..self.n_vals as usize).map(|i| self.val(i)).collect();
+        let vars: Vec<Option<u64>> = (0..self.n_vars as usize).map(|i| self.var(i)).collect();
+        f.debug_struct("Elt")
+            .field("key", &self.key())
+            .field("vals", &vals)
+            .field("vars", &vars)
+            .finish()
+    }
+}
+
+impl fmt::Debug for TracingMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TracingMap")
+            .field("cfg", &self.cfg)
+            .field("len", &self.len())
+            .field("drops", &self.drops())
+            .finish()
+    }
+}
+
+const K_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+const K_WORD: u64 = 0xbf58_476d_1ce4_e5b9;
+const K_FINAL: u64 = 0x94d0_49bb_1331_11eb;
+
+/// Multiply to 128 bits and fold the halves: every input bit reaches many output bits.
+#[inline(always)]
+fn fold_mul(a: u64, b: u64) -> u64 {
+    let p = (a as u128).wrapping_mul(b as u128);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// The key's `i`th 8-byte word in native byte order, zero-padded past the end, so a word array
+/// holding these has the key's bytes at its start.
+#[inline(always)]
+fn key_word(key: &[u8], i: usize) -> u64 {
+    let start = i * 8;
+    match key.get(start..start + 8) {
+        Some(w) => u64::from_ne_bytes(w.try_into().expect("8 bytes")),
+        None => {
+            let mut buf = [0u8; 8];
+            let tail = &key[start..];
+            buf[..tail.len()].copy_from_slice(tail);
+            u64::from_ne_bytes(buf)
+        }
+    }
+}
+
+/// The hash of a key: a multiply–fold per 8-byte word and a final fold.
+#[inline]
+fn hash_key(key: &[u8]) -> u64 {
+    let mut h = K_SEED ^ key.len() as u64;
+    for i in 0..key.len().div_ceil(8) {
+        h = fold_mul(h ^ key_word(key, i), K_WORD);
+    }
+    fold_mul(h ^ (h >> 29), K_FINAL)
+}
+
+impl Elt {
+    fn new(cfg: &MapConfig) -> Result<Elt, MapError> {
+        let key_words = cfg.key_size.div_ceil(8);
+        let set_words = cfg.n_vars.div_ceil(64);
+        let n = key_words
+            .checked_add(cfg.n_vals)
+            .and_then(|n| n.checked_add(cfg.n_vars))
+            .and_then(|n| n.checked_add(set_words))
+            .ok_or(MapError::NoMemory)?;
+        let narrow = |v: usize| u32::try_from(v).map_err(|_| MapError::NoMemory);
+        let mut words = Vec::new();
+        words.try_reserve_exact(n).map_err(|_| MapError::NoMemory)?;
+        words.resize_with(n, || AtomicU64::new(0));
+        Ok(Elt {
+            words: words.into_boxed_slice(),
+            key_size: narrow(cfg.key_size)?,
+            key_words: narrow(key_words)?,
+            n_vals: narrow(cfg.n_vals)?,
+            n_vars: narrow(cfg.n_vars)?,
+        })
+    }
+
+    /// The key bytes, `key_size` long.
+    pub fn key(&self) -> &[u8] {
+        let words = &self.words[..self.key_words as usize];
+        // SAFETY: `words` is `key_words` initialised `AtomicU64`s, which have the size and
+        // layout of `u64`, so its first `key_size <= 8 * key_words` bytes are in bounds and
+        // initialised. The key words are written only by the insert that claims this element,
+        // before it publishes the element with a release store that every way of reaching an
+        // `&Elt` observes with an acquire load; so no write races with this read, except after
+        // a `clear` run concurrently with writers, which the module documentation rules out.
+        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), self.key_size as usize) }
+    }
+
+    #[inline(always)]
+    fn key_eq(&self, key: &[u8]) -> bool {
+        let words = &self.words[..self.key_words as usize];
+        words
+            .iter()
+            .enumerate()
+            .all(|(i, w)| w.load(Ordering::Relaxed) == key_word(key, i))
+    }
+
+    fn write_key(&self, key: &[u8]) {
+        for (i, w) in self.words[..self.key_words as usize].iter().enumerate() {
+            w.store(key_word(key, i), Ordering::Relaxed);
+        }
+    }
+
+    #[inline(always)]
+    fn val_slot(&self, val: usize) -> &AtomicU64 {
+        assert!(val < self.n_vals as usize, "value index {val} out of range");
+        &self.words[self.key_words as usize + val]
+    }
+
+    #[inline(always)]
+    fn var_slot(&self, var: usize) -> (&AtomicU64, &AtomicU64, u64) {
+        assert!(
+            var < self.n_vars as usize,
+            "variable index {var} out of range"
+        );
+        let vars = self.key_words as usize + self.n_vals as usize;
+        let bits = vars + self.n_vars as usize;
+        (
+            &self.words[vars + var],
+            &self.words[bits + var / 64],
+            1u64 << (var % 64),
+        )
+    }
+
+    /// Adds `amount` to sum `val` (relaxed atomic add, wrapping).
+    #[inline]
+    pub fn add(&self, val: usize, amount: u64) {
+        self.val_slot(val).fetch_add(amount, Ordering::Relaxed);
+    }
+
+    /// Sets sum `val` to `v` (for values that are not sums).
+    #[inline]
+    pub fn set_val(&self, val: usize, v: u64) {
+        self.val_slot(val).store(v, Ordering::Relaxed);
+    }
+
+    /// Raises sum `val` to `v` if `v` is larger, atomically; returns the previous value. For
+    /// `onmax()`-style values that several threads may raise at once.
+    #[inline]
+    pub fn update_max(&self, val: usize, v: u64) -> u64 {
+        self.val_slot(val).fetch_max(v, Ordering::Relaxed)
+    }
+
+    /// The current value of sum `val`.
+    #[inline]
+    pub fn val(&self, val: usize) -> u64 {
+        self.val_slot(val).load(Ordering::Relaxed)
+    }
+
+    /// Sets variable `var` to `v` and marks it set.
+    #[inline]
+    pub fn set_var(&self, var: usize, v: u64) {
+        let (value, bits, bit) = self.var_slot(var);
+        value.store(v, Ordering::Relaxed);
+        // Release: a reader that sees the bit sees the value stored before it.
+        bits.fetch_or(bit, Ordering::Release);
+    }
+
+    /// Variable `var`, or `None` when it has never been set (or was taken since).
+    #[inline]
+    pub fn var(&self, var: usize) -> Option<u64> {
+        let (value, bits, bit) = self.var_slot(var);
+        if bits.load(Ordering::Acquire) & bit == 0 {
+            return None;
+        }
+        Some(value.load(Ordering::Relaxed))
+    }
+
+    /// Reads variable `var` and unsets it in one atomic step on the set bit: of several threads
+    /// taking the same set variable, exactly one gets the value. A `set_var` running at the same
+    /// time may have its value returned here and still leave the variable set.
+    #[inline]
+    pub fn take_var(&self, var: usize) -> Option<u64> {
+        let (value, bits, bit) = self.var_slot(var);
+        if bits.load(Ordering::Relaxed) & bit == 0 {
+            // Not set: avoid the read-modify-write (and the cache-line ownership it takes).
+            return None;
+        }
+        if bits.fetch_and(!bit, Ordering::Acquire) & bit == 0 {
+            return None;
+        }
+        Some(value.load(Ordering::Relaxed))
+    }
+
+    /// Zeroes sums and variables (the key is rewritten by the next claim).
+    fn reset(&self) {
+        for w in &self.words[self.key_words as usize..] {
+            w.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+impl TracingMap {
+    /// Allocates the table and the whole element pool.
+    pub fn new(cfg: MapConfig) -> Result<TracingMap, MapError> {
+        if cfg.max_elts == 0 || !cfg.max_elts.is_power_of_two() {
+            return Err(MapError::NotPowerOfTwo(cfg.max_elts));
+        }
+        if cfg.max_elts > MAX_ELTS {
+            return Err(MapError::TooManyElts(cfg.max_elts));
+        }
+        if cfg.key_size == 0 {
+            return Err(MapError::EmptyKey);
+        }
+        let slots = cfg.max_elts * 2;
+        let mut table = Vec::new();
+        table
+            .try_reserve_exact(slots)
+            .map_err(|_| MapError::NoMemory)?;
+        table.resize_with(slots, || AtomicU64::new(0));
+        let mut elts = Vec::new();
+        elts.try_reserve_exact(cfg.max_elts)
+            .map_err(|_| MapError::NoMemory)?;
+        for _ in 0..cfg.max_elts {
+            elts.push(Elt::new(&cfg)?);
+        }
+        Ok(TracingMap {
+            table_bits: slots.trailing_zeros(),
+            cfg,
+            table: table.into_boxed_slice(),
+            elts: elts.into_boxed_slice(),
+            next_elt: AtomicUsize::new(0),
+            drops: AtomicU64::new(0),
+        })
+    }
+
+    /// The configuration the map was built with.
+    pub fn config(&self) -> &MapConfig {
+        &self.cfg
+    }
+
+    /// Finds `key`'s element or claims a new one for it. `None` when the pool is exhausted (a
+    /// drop is counted) or `key` is not `key_size` bytes long (not counted: a caller bug).
+    #[inline]
+    pub fn insert(&self, key: &[u8]) -> Option<&Elt> {
+        self.find(key, true)
+    }
+
+    /// Finds `key`'s element; never claims one.
+    #[inline]
+    pub fn lookup(&self, key: &[u8]) -> Option<&Elt> {
+        self.find(key, false)
+    }
+
+    /// New keys refused because the pool was exhausted, since creation or the last `clear`.
+    pub fn drops(&self) -> u64 {
+        self.drops.load(Ordering::Relaxed)
+    }
+
+    /// Elements claimed.
+    pub fn len(&self) -> usize {
+        self.next_elt.load(Ordering::Relaxed).min(self.cfg.max_elts)
+    }
+
+    /// Whether no element is claimed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Back to empty: every slot freed, every sum and variable zeroed, drops reset; no memory
+    /// is freed or allocated. Pause writers first (see the module documentation for what a
+    /// concurrent writer can observe).
+    pub fn clear(&self) {
+        // Slots first, so that no new lookup reaches an element being zeroed.
+        for slot in self.table.iter() {
+            slot.store(0, Ordering::Relaxed);
+        }
+        let used = self.len();
+        for elt in &self.elts[..used] {
+            elt.reset();
+        }
+        self.drops.store(0, Ordering::Relaxed);
+        // Release: a claim that takes an element after this sees it zeroed.
+        self.next_elt.store(0, Ordering::Release);
+    }
+
+    /// Calls `f` on every claimed and published element, in table order.
+    pub fn for_each(&self, mut f: impl FnMut(&Elt)) {
+        for slot in self.table.iter() {
+            let word = slot.load(Ordering::Acquire);
+            let idx = (word & IDX_MASK) as usize;
+            if idx != 0 {
+                f(&self.elts[idx - 1]);
+            }
+        }
+    }
+
+    #[inline]
+    fn find(&self, key: &[u8], claim: bool) -> Option<&Elt> {
+        if key.len() != self.cfg.key_size {
+            debug_assert!(
+                false,
+                "key of {} bytes in a map of {}-byte keys",
+                key.len(),
+                self.cfg.key_size
+            );
+            return None;
+        }
+        let hash = hash_key(key);
+        // Never 0: a tag of 0 marks a free slot.
+        let tag = (hash as u32 | 1) as u64;
+        let mask = self.table.len() - 1;
+        let mut idx = (hash >> (64 - self.table_bits)) as usize;
+        for _ in 0..self.table.len() {
+            let slot = &self.table[idx];
+            let mut word = slot.load(Ordering::Acquire);
+            let mut spins = 0u32;
+            loop {
+                if word == 0 {
+                    if !claim {
+                        return None;
+                    }
+                    match self.claim(slot, tag, key) {
+                        Ok(elt) => return elt,
+                        Err(now) => {
+                            word = now;
+                            continue;
+                        }
+                    }
+                }
+                if word >> TAG_SHIFT != tag {
+                    break;
+                }
+                let elt_idx = (word & IDX_MASK) as usize;
+                if elt_idx == 0 {
+                    // Another thread claimed this slot for a key with our tag and is writing
+                    // the key: wait for it, or it could be our key and we would claim it twice.
+                    spins += 1;
+                    if spins < SPINS_BEFORE_YIELD {
+                        std::hint::spin_loop();
+                    } else {
+                        // The publisher may have been preempted; give it the CPU.
+                        std::thread::yield_now();
+                    }
+                    word = slot.load(Ordering::Acquire);
+                    continue;
+                }
+                let elt = &self.elts[elt_idx - 1];
+                if elt.key_eq(key) {
+                    return Some(elt);
+                }
+                break;
+            }
+            idx = (idx + 1) & mask;
+        }
+        // Every slot taken by other tags: cannot happen with at most `max_elts` claimed of
+        // `2 * max_elts` slots unless a concurrent clear scrambled the table.
+        if claim {
+            self.drops.fetch_add(1, Ordering::Relaxed);
+        }
+        None
+    }
+
+    /// Claims the free `slot` for `key`. `Ok(None)` when the pool is exhausted; `Err(word)`
+    /// when another thread took the slot first (its current word, to re-examine).
+    #[cold]
+    fn claim(&self, slot: &AtomicU64, tag: u64, key: &[u8]) -> Result<Option<&Elt>, u64> {
+        if self.next_elt.load(Ordering::Relaxed) >= self.cfg.max_elts {
+            self.drops.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        slot.compare_exchange(0, tag << TAG_SHIFT, Ordering::Acquire, Ordering::Acquire)?;
+        // Acquire pairs with clear's release, so the element is seen zeroed.
+        let n = self.next_elt.fetch_add(1, Ordering::Acquire);
+        if n >= self.cfg.max_elts {
+            // Lost the race for the last element: give the slot back, as the kernel does.
+            slot.store(0, Ordering::Release);
+            self.drops.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        let elt = &self.elts[n];
+        elt.write_key(key);
+        // Release: whoever sees the index sees the key written above.
+        slot.store((tag << TAG_SHIFT) | (n as u64 + 1), Ordering::Release);
+        Ok(Some(elt))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(max_elts: usize, key_size: usize, n_vals: usize, n_vars: usize) -> TracingMap {
+        TracingMap::new(MapConfig {
+            max_elts,
+            key_size,
+            n_vals,
+            n_vars,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        let cfg = |max_elts, key_size| MapConfig {
+            max_elts,
+            key_size,
+            n_vals: 1,
+            n_vars: 0,
+        };
+        assert_eq!(
+            TracingMap::new(cfg(0, 8)).unwrap_err(),
+            MapError::NotPowerOfTwo(0)
+        );
+        assert_eq!(
+            TracingMap::new(cfg(3, 8)).unwrap_err(),
+            MapError::NotPowerOfTwo(3)
+        );
+        assert_eq!(
+            TracingMap::new(cfg(MAX_ELTS * 2, 8)).unwrap_err(),
+            MapError::TooManyElts(MAX_ELTS * 2)
+        );
+        assert_eq!(TracingMap::new(cfg(4, 0)).unwrap_err(), MapError::EmptyKey);
+        assert!(TracingMap::new(cfg(1, 1)).is_ok());
+    }
+
+    #[test]
+    fn insert_then_lookup_same_element() {
+        let m = map(16, 8, 2, 0);
+        assert!(m.lookup(&7u64.to_ne_bytes()).is_none());
+        assert!(m.is_empty());
+        let e = m.insert(&7u64.to_ne_bytes()).unwrap();
+        e.add(0, 1);
+        e.add(1, 40);
+        let again = m.insert(&7u64.to_ne_bytes()).unwrap();
+        assert!(std::ptr::eq(e, again));
+        again.add(1, 2);
+        let l = m.lookup(&7u64.to_ne_bytes()).unwrap();
+        assert_eq!((l.val(0), l.val(1)), (1, 42));
+        assert_eq!(l.key(), &7u64.to_ne_bytes());
+        assert_eq!(m.len(), 1);
+        assert_eq!(m.drops(), 0);
+    }
+
+    #[test]
+    fn odd_key_sizes_compare_every_byte() {
+        // 13 bytes: one full word and a padded tail; keys differing only in the last byte.
+        let m = map(8, 13, 1, 0);
+        let mut a = [1u8; 13];
+        let b = {
+            let mut b = a;
+            b[12] = 2;
+            b
+        };
+        m.insert(&a).unwrap().add(0, 1);
+        m.insert(&b).unwrap().add(0, 5);
+        assert_eq!(m.lookup(&a).unwrap().val(0), 1);
+        assert_eq!(m.lookup(&b).unwrap().val(0), 5);
+        assert_eq!(m.lookup(&b).unwrap().key(), &b);
+        a[0] = 9;
+        assert!(m.lookup(&a).is_none());
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn full_pool_drops_new_keys_keeps_old() {
+        let m = map(4, 4, 1, 0);
+        for k in 0u32..4 {
+            m.insert(&k.to_ne_bytes()).unwrap().add(0, 1);
+        }
+        assert!(m.insert(&100u32.to_ne_bytes()).is_none());
+        assert!(m.insert(&101u32.to_ne_bytes()).is_none());
+        assert_eq!(m.drops(), 2);
+        // Old keys still found and updated; lookups of missing keys are not drops.
+        m.insert(&2u32.to_ne_bytes()).unwrap().add(0, 1);
+        assert!(m.lookup(&100u32.to_ne_bytes()).is_none());
+        assert_eq!(m.lookup(&2u32.to_ne_bytes()).unwrap().val(0), 2);
+        assert_eq!(m.drops(), 2);
+        assert_eq!(m.len(), 4);
+    }
+
+    #[test]
+    fn wrong_key_length_is_refused() {
+        let m = map(4, 8, 1, 0);
+        // debug_assert fires in debug builds; the release behaviour is `None`.
+        let r = std::panic::catch_unwind(|| m.insert(&[1, 2, 3]).is_none());
+        assert!(r.is_err() || r.unwrap());
+        assert_eq!(m.len(), 0);
+    }
+
+    #[test]
+    fn clear_empties_and_keeps_working() {
+        let m = map(4, 8, 1, 1);
+        for k in 0u64..6 {
+            if let Some(e) = m.insert(&k.to_ne_bytes()) {
+                e.add(0, k + 1);
+                e.set_var(0, k);
+            }
+        }
+        assert_eq!((m.len(), m.drops()), (4, 2));
+        m.clear();
+        assert_eq!((m.len(), m.drops()), (0, 0));
+        let mut seen = 0;
+        m.for_each(|_| seen += 1);
+        assert_eq!(seen, 0);
+        assert!(m.lookup(&1u64.to_ne_bytes()).is_none());
+        let e = m.insert(&9u64.to_ne_bytes()).unwrap();
+        assert_eq!(e.val(0), 0, "reused element starts at zero");
+        assert_eq!(e.var(0), None, "reused element's variable is unset");
+        assert_eq!(e.key(), &9u64.to_ne_bytes());
+    }
+
+    #[test]
+    fn for_each_visits_every_claimed_element_once() {
+        let m = map(64, 8, 1, 0);
+        for k in 0u64..50 {
+            m.insert(&k.to_ne_bytes()).unwrap().add(0, k);
+        }
+        let mut got: Vec<(u64, u64)> = Vec::new();
+        m.for_each(|e| got.push((u64::from_ne_bytes(e.key().try_into().unwrap()), e.val(0))));
+        got.sort();
+        let want: Vec<(u64, u64)> = (0..50).map(|k| (k, k)).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn vars_set_take_and_unset() {
+        let m = map(2, 1, 0, 70);
+        let e = m.insert(&[1]).unwrap();
+        assert_eq!(e.var(0), None);
+        assert_eq!(e.take_var(69), None);
+        e.set_var(69, 0);
+        assert_eq!(e.var(69), Some(0), "a set zero is not unset");
+        assert_eq!(e.var(5), None, "other variables untouched");
+        assert_eq!(e.take_var(69), Some(0));
+        assert_eq!(e.take_var(69), None, "taking consumes");
+        assert_eq!(e.var(69), None);
+        e.set_var(3, 11);
+        e.set_var(3, 12);
+        assert_eq!(e.var(3), Some(12));
+        assert_eq!(e.var(3), Some(12), "reading does not consume");
+    }
+
+    #[test]
+    fn set_val_and_update_max() {
+        let m = map(2, 1, 2, 0);
+        let e = m.insert(&[0]).unwrap();
+        e.set_val(1, 10);
+        assert_eq!(e.update_max(1, 5), 10);
+        assert_eq!(e.val(1), 10);
+        assert_eq!(e.update_max(1, 15), 10);
+        assert_eq!(e.val(1), 15);
+        e.set_val(1, 3);
+        assert_eq!(e.val(1), 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn val_index_out_of_range_panics() {
+        let m = map(2, 1, 1, 0);
+        m.insert(&[0]).unwrap().add(1, 1);
+    }
+
+    #[test]
+    fn colliding_slots_probe_on() {
+        // A tiny table: 2 elements, 4 slots; any two keys often share a start slot.
+        for round in 0u64..200 {
+            let m = map(2, 8, 1, 0);
+            let (a, b) = (round * 2, round * 2 + 1);
+            m.insert(&a.to_ne_bytes()).unwrap().add(0, 1);
+            m.insert(&b.to_ne_bytes()).unwrap().add(0, 2);
+            assert_eq!(m.lookup(&a.to_ne_bytes()).unwrap().val(0), 1);
+            assert_eq!(m.lookup(&b.to_ne_bytes()).unwrap().val(0), 2);
+            assert!(m.insert(&(round + 1000).to_ne_bytes()).is_none());
+        }
+    }
+
+    #[test]
+    fn hash_spreads_small_integers() {
+        // Sequential pids must not pile into a few slots: count the longest probe run.
+        let m = map(1024, 4, 1, 0);
+        for k in 0u32..1024 {
+            m.insert(&k.to_ne_bytes()).unwrap();
+        }
+        let used: Vec<bool> = m
+            .table
+            .iter()
+            .map(|s| s.load(Ordering::Relaxed) != 0)
+            .collect();
+        let mut longest = 0;
+        let mut run = 0;
+        for u in used.iter().chain(used.iter()) {
+            run = if *u { run + 1 } else { 0 };
+            longest = longest.max(run);
+        }
+        assert!(longest < 40, "longest occupied run {longest}");
+    }
+}
