@@ -70,6 +70,7 @@ pub mod cpulist;
 pub mod ctype;
 mod error;
 mod field;
+pub mod hist;
 mod parse;
 mod program;
 pub mod strmatch;

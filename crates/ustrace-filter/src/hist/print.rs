@@ -1,0 +1,250 @@
+//! How the kernel prints hist fields: the names in `hist` lines and sort keys
+//! (`hist_field_name`), expression names (`expr_str`) and the `trigger info` line
+//! (`event_hist_trigger_print`).
+
+use super::{flags, HistData, HistField, Op};
+
+/// The field's display name (`hist_field_name`).
+pub(crate) fn field_name(f: &HistField, level: u32) -> String {
+    if level > 1 {
+        return String::new();
+    }
+    if let Some(ef) = &f.field {
+        return ef.name.clone();
+    }
+    if f.has(flags::LOG2 | flags::ALIAS | flags::BUCKET) {
+        return f
+            .operands
+            .first()
+            .map(|o| field_name(o, level + 1))
+            .unwrap_or_default();
+    }
+    if f.has(flags::CPU) {
+        return "common_cpu".into();
+    }
+    if f.has(flags::COMM) {
+        return "common_comm".into();
+    }
+    if f.has(flags::EXPR | flags::VAR_REF) {
+        let name = f.name.clone().unwrap_or_default();
+        return match (&f.system, &f.event) {
+            (Some(s), Some(e)) => format!("{s}.{e}.{name}"),
+            _ => name,
+        };
+    }
+    if f.has(flags::TIMESTAMP) {
+        return "common_timestamp".into();
+    }
+    if f.has(flags::STACKTRACE) {
+        return "common_stacktrace".into();
+    }
+    if f.has(flags::HITCOUNT) {
+        return "hitcount".into();
+    }
+    String::new()
+}
+
+/// The modifier a field prints with (`get_hist_field_flags`).
+pub(crate) fn modifier(f: &HistField) -> Option<&'static str> {
+    let table: [(u32, &str); 11] = [
+        (flags::HEX, "hex"),
+        (flags::SYM, "sym"),
+        (flags::SYM_OFFSET, "sym-offset"),
+        (flags::EXECNAME, "execname"),
+        (flags::SYSCALL, "syscall"),
+        (flags::LOG2, "log2"),
+        (flags::BUCKET, "buckets"),
+        (flags::TIMESTAMP_USECS, "usecs"),
+        (flags::PERCENT, "percent"),
+        (flags::GRAPH, "graph"),
+        (flags::STACKTRACE, "stacktrace"),
+    ];
+    table
+        .iter()
+        .find(|(fl, _)| f.flags & fl != 0)
+        .map(|(_, s)| *s)
+}
+
+fn expr_field_str(f: &HistField, out: &mut String) {
+    if f.has(flags::VAR_REF) {
+        out.push('$');
+    } else if f.has(flags::CONST) {
+        out.push_str(&f.constant.to_string());
+    }
+    out.push_str(&field_name(f, 0));
+    if f.flags != 0 && !f.has(flags::VAR_REF) {
+        if let Some(m) = modifier(f) {
+            out.push('.');
+            out.push_str(m);
+        }
+    }
+}
+
+/// The name of an expression field (`expr_str`).
+pub(crate) fn expr_str(f: &HistField) -> String {
+    let mut out = String::new();
+    if f.operands.is_empty() {
+        expr_field_str(f, &mut out);
+        return out;
+    }
+    if f.operator == Op::UnaryMinus {
+        out.push_str("-(");
+        out.push_str(&expr_str(&f.operands[0]));
+        out.push(')');
+        return out;
+    }
+    expr_field_str(&f.operands[0], &mut out);
+    out.push(match f.operator {
+        Op::Minus => '-',
+        Op::Plus => '+',
+        Op::Div => '/',
+        _ => '*',
+    });
+    expr_field_str(&f.operands[1], &mut out);
+    out
+}
+
+/// One field as the `trigger info` line shows it (`hist_field_print`).
+pub(crate) fn field_print(f: &HistField, out: &mut String) {
+    if let Some(v) = &f.var_name {
+        out.push_str(v);
+        out.push('=');
+    }
+    let name = field_name(f, 0);
+    if f.has(flags::CPU) {
+        out.push_str("common_cpu");
+    } else if f.has(flags::CONST) {
+        out.push_str(&f.constant.to_string());
+    } else if !name.is_empty() {
+        if f.has(flags::VAR_REF | flags::ALIAS) {
+            out.push('$');
+        }
+        out.push_str(&name);
+    } else if f.has(flags::TIMESTAMP) {
+        out.push_str("common_timestamp");
+    }
+    if f.flags != 0 && !f.has(flags::VAR_REF | flags::EXPR) {
+        if let Some(m) = modifier(f) {
+            out.push('.');
+            out.push_str(m);
+        }
+    }
+    if f.buckets != 0 {
+        out.push_str(&format!("={}", f.buckets));
+    }
+}
+
+/// The `trigger info` line without its newline (`event_hist_trigger_print`); `name` is
+/// the shared histogram's name.
+pub(crate) fn trigger_info(h: &HistData, name: Option<&str>, paused: bool) -> String {
+    let mut out = String::from("hist:");
+    if let Some(name) = name {
+        out.push_str("name=");
+        out.push_str(name);
+        out.push(':');
+    }
+    out.push_str("keys=");
+    for (i, f) in h.keys().iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        if f.has(flags::STACKTRACE) {
+            match &f.field {
+                Some(ef) => out.push_str(&format!("{}.stacktrace", ef.name)),
+                None => out.push_str("common_stacktrace"),
+            }
+        } else {
+            field_print(f, &mut out);
+        }
+    }
+    out.push_str(":vals=");
+    let mut have_var = false;
+    let mut show_val = false;
+    for (i, f) in h.vals().iter().enumerate() {
+        if f.has(flags::VAR) {
+            have_var = true;
+            continue;
+        }
+        if i == 0 {
+            if h.attrs.no_hitcount {
+                continue;
+            }
+            out.push_str("hitcount");
+        } else {
+            if show_val {
+                out.push(',');
+            }
+            field_print(f, &mut out);
+        }
+        show_val = true;
+    }
+    if have_var {
+        out.push(':');
+        for (n, f) in h.vals().iter().filter(|f| f.has(flags::VAR)).enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            field_print(f, &mut out);
+        }
+    }
+    out.push_str(":sort=");
+    for (i, k) in h.sort_keys.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        if k.field_idx == 0 {
+            out.push_str("hitcount");
+        } else {
+            field_print(h.sort_field(k.field_idx), &mut out);
+        }
+        if k.descending {
+            out.push_str(".descending");
+        }
+    }
+    let bits = if h.attrs.map_bits != 0 {
+        h.attrs.map_bits
+    } else {
+        super::BITS_DEFAULT
+    };
+    out.push_str(&format!(":size={}", 1u64 << bits));
+    if h.enable_timestamps {
+        out.push_str(&format!(":clock={}", h.attrs.clock));
+    }
+    if h.attrs.no_hitcount {
+        out.push_str(":nohitcount");
+    }
+    for a in &h.actions {
+        out.push_str(&action_spec(h, a));
+    }
+    if let Some(filter) = &h.filter {
+        out.push_str(" if ");
+        out.push_str(filter);
+    }
+    out.push_str(if paused { " [paused]" } else { " [active]" });
+    out
+}
+
+fn action_spec(_h: &HistData, a: &super::Action) -> String {
+    use super::{ActionKind, Handler};
+    let mut out = match &a.handler {
+        Handler::OnMatch { system, event } => format!(":onmatch({system}.{event})."),
+        Handler::OnMax { var } => format!(":onmax({var})."),
+        Handler::OnChange { var } => format!(":onchange({var})."),
+    };
+    out.push_str(&a.action_name);
+    out.push('(');
+    match a.kind {
+        ActionKind::Save => out.push_str(&a.params.join(",")),
+        ActionKind::Trace => {
+            let mut parts = Vec::new();
+            if a.use_trace_keyword {
+                parts.push(a.synth_event_name.clone().unwrap_or_default());
+            }
+            parts.extend(a.params.iter().cloned());
+            out.push_str(&parts.join(","));
+        }
+        ActionKind::Snapshot => {}
+    }
+    out.push(')');
+    out
+}
