@@ -74,6 +74,7 @@ pub mod hist;
 mod parse;
 mod program;
 pub mod strmatch;
+pub mod synth;
 pub mod trigger;
 
 pub use error::{ErrorKind, FilterError, MAX_WRITE, SEQ_LIMIT, SUBSYSTEM_FILTER_HELP};

@@ -518,14 +518,20 @@ fn fprobe_errno(e: ustrace_fprobe::Error) -> Errno {
 
 /// The `dynamic_events` listing: every dynamic event in the kernel's canonical form.
 pub fn listing() -> String {
-    let events = DYNAMIC.lock().unwrap_or_else(|e| e.into_inner());
-    events
+    let mut lines: Vec<(EventId, String)> = DYNAMIC
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .map(|(_, e)| format!("{}\n", e.definition.canonical()))
-        .collect()
+        .map(|(id, e)| (*id, format!("{}\n", e.definition.canonical())))
+        .collect();
+    // Ids rise with creation, so merging by id lists every kind in creation order.
+    lines.extend(crate::synth::dyn_listing());
+    lines.sort_by_key(|(id, _)| *id);
+    lines.into_iter().map(|(_, line)| line).collect()
 }
 
-fn in_use(id: EventId) -> bool {
+/// Whether event `id` is enabled or held by a trigger in any instance, or read by an eprobe.
+pub(crate) fn in_use(id: EventId) -> bool {
     tracing().all().iter().any(|instance| {
         instance
             .file(id)
@@ -627,6 +633,15 @@ fn run_line(line: &str) -> Result<(), Errno> {
 
 /// Applies one command; a failure says its errno and the `error_log` entry it wrote.
 pub fn run_command(line: &str) -> Result<(), (Errno, Option<String>)> {
+    if let Some(result) = crate::synth::run_dyn_line(line) {
+        return result.map_err(|e| {
+            let log = match &e {
+                crate::synth::SynthError::Definition(d) => Some(d.log_text()),
+                _ => None,
+            };
+            (e.errno(), log)
+        });
+    }
     let env = CoreEnv {
         inspect: ustrace_probe::InspectEnv::new(),
     };
@@ -667,7 +682,10 @@ fn apply(command: DynCommand) -> Result<(), (Errno, Option<String>)> {
                 .filter(|(_, e)| e.definition.matches(&removal))
                 .map(|(id, _)| *id)
                 .collect();
-            if matching.is_empty() {
+            let synthetic =
+                crate::synth::remove_matching(removal.group.as_deref(), removal.event.as_deref())
+                    .map_err(|e| (e, None))?;
+            if matching.is_empty() && synthetic == 0 {
                 return Err((Errno::ENOENT, None));
             }
             for id in matching {
@@ -687,13 +705,13 @@ pub fn remove_all() -> Result<(), Errno> {
         .iter()
         .map(|(id, _)| *id)
         .collect();
-    if ids.iter().any(|id| in_use(*id)) {
+    if ids.iter().any(|id| in_use(*id)) || crate::synth::any_busy() {
         return Err(Errno::EBUSY);
     }
     for id in ids.into_iter().rev() {
         remove(id)?;
     }
-    Ok(())
+    crate::synth::remove_all()
 }
 
 /// Applies a write to `dynamic_events`: one definition a line.

@@ -91,6 +91,8 @@
 //! - [`tracefs`](mod@tracefs): the file tree, as the kernel's `/sys/kernel/tracing`.
 //! - [`output`]: kernel-identical text output.
 //! - [`dynevent`]: `dynamic_events` (fprobes, raw tracepoint and event probes).
+//! - [`synth`]: synthetic events (`synthetic_events`, `s:` in `dynamic_events`, and
+//!   the in-process API to create and record them).
 
 #![warn(missing_docs)]
 
@@ -109,6 +111,7 @@ pub mod set_event;
 pub mod setup;
 pub mod snapshot;
 pub mod stage;
+pub mod synth;
 pub mod thread;
 pub mod trace;
 pub mod tracefs;

@@ -72,6 +72,7 @@ const TOP_FILES: &[(&str, u32)] = &[
     ("saved_cmdlines", 0o440),
     ("saved_cmdlines_size", 0o640),
     ("saved_tgids", 0o440),
+    ("synthetic_events", 0o640),
 ];
 
 const CPU_FILES: &[(&str, u32)] = &[
@@ -555,6 +556,7 @@ fn open_instance_file(
         }
         "enabled_functions" => text(ustrace_fprobe::enabled_functions()),
         "dynamic_events" => crate::dynevent::open(flags),
+        "synthetic_events" => crate::synth::open(flags),
         "available_tracers" => text("nop\n"),
         "current_tracer" => rw(
             "nop\n",
@@ -836,7 +838,7 @@ const HEADER_EVENT: &str = "# compressed entry header\n\
 /// tracefs supports by looking for syntax lines in it, so every `Format:`, `fetcharg`,
 /// `type` and trigger line below is spelled exactly as the kernel spells it, and a line is
 /// here only when this build accepts that syntax (`tests/readme.rs` checks both ways).
-/// There is no hist, synthetic-event, kprobe or uprobe line: none of those exist here.
+/// There is no hist, kprobe or uprobe line: none of those exist here.
 const README: &str = "\
 ustrace tracefs: the kernel's event tracing, served by this process.
 
@@ -872,6 +874,7 @@ ustrace tracefs: the kernel's event tracing, served by this process.
 \t   Format: f[:[<group>/][<event>]] <func-name>[%return] [<args>]
 \t           t[:[<group>/][<event>]] <tracepoint> [<args>]
 \t           e[:[<group>/][<event>]] <attached-group>.<attached-event> [<args>] [if <filter>]
+\t           s:[synthetic/]<event> <field> [<field>]
 \t           -:[<group>/][<event>]
 \t     args: <name>=fetcharg[:type]
 \t fetcharg: $<efield>, @<address>, @<symbol>[+|-<offset>],
@@ -883,6 +886,12 @@ ustrace tracefs: the kernel's event tracing, served by this process.
 \t           b<bit-width>@<bit-offset>/<container-size>, ustring,
 \t           symstr, <type>\\[<array-size>\\]
 \t    efield: in an 'e' probe, a field of <attached-group>/<attached-event>.
+\t    field: <stype> <name>;
+\t    stype: u8/u16/u32/u64, s8/s16/s32/s64, pid_t,
+\t           [unsigned] char/int/long
+  events/synthetic_events\t- Create/append/remove/show synthetic events
+\t  Write into this file to define/undefine new synthetic events.
+\t     example: echo 'myevent u64 lat; char name[]; long[] stack' >> synthetic_events
   set_event\t\t- enabled events; write SYS:EVENT, SYS:*, EVENT, !EVENT
 \t\t\t  Can enable module events via: :mod:<module>
 \t\t\t  (a module is the crate that declares the events)
