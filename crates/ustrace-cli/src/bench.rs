@@ -22,8 +22,14 @@
 //! no fprobe call was missed, every writer thread finished, every probe came off. Otherwise the
 //! bench fails with the reason instead of reporting a figure for work that did not happen.
 //!
-//! JSON names are an interface: [`NAMES`]; `ring_buffer_write_32b_2threads` adds `scaling`,
-//! `tracing_event_3fields` adds `fmt_layer_ns`.
+//! - `hist_update_1key`: `add_loop` plus one `ints3` event whose only consumer is a hist
+//!   trigger `hist:keys=a:vals=b` (u64 key, hitcount and one sum): the record is built aside,
+//!   the key hashed and found in a warm table (1024 keys, claimed in the warm-up), the sums
+//!   added. `_2threads` is two such writers on disjoint keys, beside `index_loop_2threads`.
+//!   Every update is checked against the histogram's `Hits`.
+//!
+//! JSON names are an interface: [`NAMES`]; `ring_buffer_write_32b_2threads` and
+//! `hist_update_1key_2threads` add `scaling`, `tracing_event_3fields` adds `fmt_layer_ns`.
 //! `--filter` takes one of them or a glob over them (`fprobe*`); a filter that matches no name
 //! is an error. `clock_local_read` is the default trace clock alone (a TSC read scaled to ns):
 //! every event write pays it, so it is the floor under `ring_buffer_write_32b`.
@@ -41,7 +47,7 @@ use ustrace::{FileSystem, OpenFlags};
 use ustrace_ringbuf::{clock::Clock, Config, RingBuffer};
 
 /// Every figure the bench reports, in the order it reports them.
-pub const NAMES: [&str; 16] = [
+pub const NAMES: [&str; 18] = [
     "tracepoint_off",
     "tracepoint_off_load",
     "tracepoint_noop_probe",
@@ -53,6 +59,8 @@ pub const NAMES: [&str; 16] = [
     "fprobe_entry_exit",
     "fprobe_event_2args",
     "eprobe_on_event",
+    "hist_update_1key",
+    "hist_update_1key_2threads",
     "ring_buffer_write_32b",
     "ring_buffer_write_32b_2threads",
     "clock_local_read",
@@ -294,6 +302,24 @@ fn ints3_loop(n: u64) {
         ints3::trace(i, acc, 7);
     }
     black_box(acc);
+}
+
+/// `ints3` events whose key `a` cycles over 1024 values from `base` (the hist figures).
+#[inline(never)]
+fn hist_loop(n: u64, base: u64) {
+    let mut acc = 0u64;
+    for i in 0..n {
+        acc = acc.wrapping_add(black_box(i));
+        ints3::trace(base + (i & 1023), acc, 7);
+    }
+    black_box(acc);
+}
+
+/// The `Hits` total of a `hist` file's first section.
+fn hist_hits(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Hits:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 #[inline(never)]
@@ -595,6 +621,76 @@ fn ring_figures(buffer: &Arc<RingBuffer>, n: u64, reps: usize) -> Result<(f64, f
     Ok((one, median(samples)))
 }
 
+/// The figures of `hist_update_1key` (one writer) and `_2threads` (two, on disjoint keys):
+/// the event is not enabled, so nothing is recorded and the hist trigger is the only work;
+/// every update must show in the histogram's `Hits`.
+fn hist_figures(
+    path: &dyn Fn(&str) -> String,
+    buffer: &RingBuffer,
+    n: u64,
+    reps: usize,
+) -> Result<(f64, f64), String> {
+    let trigger = path("events/ustrace_bench/ints3/trigger");
+    let hist = path("events/ustrace_bench/ints3/hist");
+    set(&trigger, "hist:keys=a:vals=b\n")?;
+    let before = tally(buffer);
+    let timed = (|| {
+        let one = time_per_op(n, reps, infallible(|k| hist_loop(k, 0)))?;
+        // The second thread's keys are claimed here, so both runs find a warm table.
+        let warm = n / 10 + 1;
+        hist_loop(warm, 1024);
+        let turn = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut samples = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let turn = turn.clone();
+            let ns = two_threads(
+                move |k| {
+                    let base = (turn.fetch_add(1, Ordering::Relaxed) % 2) * 1024;
+                    hist_loop(k, base);
+                    0
+                },
+                n,
+            )
+            .map_err(|e| format!("hist_update_1key_2threads: {e}"))?;
+            samples.push(ns);
+        }
+        Ok::<_, String>((one, warm, samples))
+    })();
+    let text = read_all(&hist);
+    set(&trigger, "!hist:keys=a:vals=b\n")?;
+    let (one, warm, samples) = timed?;
+    let expected = one.ops + warm + 2 * n * reps as u64;
+    let hits = hist_hits(&text?).ok_or("hist_update_1key: no Hits in the hist file")?;
+    if hits != expected {
+        return Err(format!(
+            "hist_update_1key: {hits} hist updates for {expected} events"
+        ));
+    }
+    let after = tally(buffer);
+    if after != before {
+        return Err("hist_update_1key: the disabled event recorded events".into());
+    }
+    Ok((one.ns_per_op, median(samples)))
+}
+
+/// A whole tracefs file.
+fn read_all(path: &str) -> Result<String, String> {
+    let mut file = ustrace::tracefs()
+        .open(path, OpenFlags::READ)
+        .map_err(|e| format!("open {path}: {e}"))?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = file
+            .read(&mut buf, None)
+            .map_err(|e| format!("read {path}: {e}"))?;
+        if n == 0 {
+            return String::from_utf8(out).map_err(|e| format!("{path}: {e}"));
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// Baselines, each timed once, the first time a figure needs it.
 struct Baselines {
     n: u64,
@@ -675,6 +771,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
 
     let instance_figures = [
+        "hist_update_1key",
+        "hist_update_1key_2threads",
         "event_3ints",
         "filter_reject_3preds",
         "event_string16",
@@ -732,6 +830,20 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             )?;
             set(&path("events/ustrace_bench/string16/enable"), "0\n")?;
             push("event_string16", ns, "add_loop", None);
+        }
+        if wanted("hist_update_1key") || wanted("hist_update_1key_2threads") {
+            let (one, two) = hist_figures(&path, buffer, n, reps)?;
+            if wanted("hist_update_1key") {
+                push("hist_update_1key", one, "add_loop", None);
+            }
+            if wanted("hist_update_1key_2threads") {
+                push(
+                    "hist_update_1key_2threads",
+                    two,
+                    "index_loop_2threads",
+                    Some(("scaling", one / two)),
+                );
+            }
         }
         if wanted("event_soft_disabled") {
             let id = ustrace::event::registry()

@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-const NAMES: [&str; 16] = [
+const NAMES: [&str; 18] = [
     "tracepoint_off",
     "tracepoint_off_load",
     "tracepoint_noop_probe",
@@ -20,6 +20,8 @@ const NAMES: [&str; 16] = [
     "fprobe_entry_exit",
     "fprobe_event_2args",
     "eprobe_on_event",
+    "hist_update_1key",
+    "hist_update_1key_2threads",
     "clock_local_read",
     "tracing_event_off",
     "tracing_event_3fields",

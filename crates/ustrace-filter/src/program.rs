@@ -294,6 +294,9 @@ impl Pred {
                     negate,
                 } = &**sp;
                 match src {
+                    StrSource::Static { offset, size: 0 } => {
+                        matcher.matches_nul_terminated(tail(rec, *offset as usize)) ^ negate
+                    }
                     StrSource::Static { offset, size } => {
                         matcher.matches(tail(rec, *offset as usize), i64::from(*size)) ^ negate
                     }

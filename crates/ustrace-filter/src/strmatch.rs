@@ -141,6 +141,24 @@ impl StrMatcher {
     }
 }
 
+impl StrMatcher {
+    /// The kernel's match on a field of size 0 (`char buf[]`, as `ftrace:print` has):
+    /// its length is unknown, so the string ends at its NUL. `==` is then `strcmp`, a
+    /// front match compares the pattern's bytes, a middle match is `strstr`, an end
+    /// match never matches (the kernel computes a length of -1), a glob takes the string.
+    pub fn matches_nul_terminated(&self, s: &[u8]) -> bool {
+        let s = &s[..s.iter().position(|&b| b == 0).unwrap_or(s.len())];
+        let p = &self.pattern[..];
+        match self.kind {
+            MatchKind::Full => s == p,
+            MatchKind::Front => s.starts_with(p),
+            MatchKind::Middle => p.is_empty() || s.windows(p.len()).any(|w| w == p),
+            MatchKind::End => false,
+            MatchKind::Glob => glob_match(p, s),
+        }
+    }
+}
+
 /// `strncmp(s, p, n) == 0` with `p` NUL-terminated after its bytes.
 fn strncmp_eq(s: &[u8], p: &[u8], n: i64) -> bool {
     if n <= 0 {

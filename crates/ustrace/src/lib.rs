@@ -102,6 +102,7 @@ pub mod dynevent;
 pub mod dynevent_cmd;
 pub mod event;
 pub mod filter;
+pub mod hist;
 pub mod marker;
 pub mod options;
 pub mod output;

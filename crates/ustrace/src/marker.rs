@@ -50,20 +50,25 @@ pub fn write(instance: &Instance, data: &[u8]) -> Result<usize, Errno> {
         }
     }
     // A full buffer drops the event and counts it, as the kernel's would.
-    file.record_always(len, |record| {
-        if let Some(pid) = writer {
-            // common_pid, after the type (u16), flags and preempt count (u8 each).
-            record[4..8].copy_from_slice(&pid.to_ne_bytes());
-        }
-        record[8..16].copy_from_slice(&ip.to_ne_bytes());
-        record[16..16 + text.len()].copy_from_slice(text);
-        let mut end = 16 + text.len();
-        if needs_newline {
-            record[end] = b'\n';
-            end += 1;
-        }
-        record[end] = 0;
-    });
+    file.record_always(
+        len,
+        |record| {
+            if let Some(pid) = writer {
+                // common_pid, after the type (u16), flags and preempt count (u8 each).
+                record[4..8].copy_from_slice(&pid.to_ne_bytes());
+            }
+            record[8..16].copy_from_slice(&ip.to_ne_bytes());
+            record[16..16 + text.len()].copy_from_slice(text);
+            record[16 + text.len()..].fill(0);
+        },
+        |record| {
+            // Triggers see the text as written; the newline comes after them, as on the
+            // kernel (a filter `buf == "start"` matches `printf start`, not `echo start`).
+            if needs_newline {
+                record[16 + text.len()] = b'\n';
+            }
+        },
+    );
     Ok(take)
 }
 

@@ -131,14 +131,21 @@ impl EventFile {
                 | flag::CPU_MASK)
             != 0
         {
-            return self.record_checked(len, flags, fill);
+            return self.record_checked(len, flags, fill, |_| {});
         }
         self.record_direct(len, fill);
     }
 
     /// Records for a producer that is not a probe and is never soft-disabled (`trace_marker`),
     /// running the event's triggers as a probe would.
-    pub(crate) fn record_always(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
+    /// `finish` completes the record after the triggers saw it (the marker's newline,
+    /// which the kernel adds only after running the triggers).
+    pub(crate) fn record_always(
+        &self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+        finish: impl FnOnce(&mut [u8]),
+    ) {
         // The kernel adds no stack entries after a `trace_marker` write.
         let mut flags = self.flags.load(Ordering::Relaxed) & !(flag::SOFT_DISABLED | flag::STACKS);
         if flags & flag::TRIGGER_MODE != 0 {
@@ -147,9 +154,12 @@ impl EventFile {
             flags |= flag::TRIGGER_COND;
         }
         if flags & (flag::FILTERED | flag::TRIGGER_COND | flag::CPU_MASK) != 0 {
-            return self.record_checked(len, flags, fill);
+            return self.record_checked(len, flags, fill, finish);
         }
-        self.record_direct(len, fill);
+        self.record_direct(len, |record| {
+            fill(record);
+            finish(record);
+        });
     }
 
     /// Reserves in the buffer, writes header and fields, commits: the unfiltered path.
@@ -173,9 +183,16 @@ impl EventFile {
     /// The record path when a filter or conditional triggers must see the record before it
     /// is kept: build it in the thread's scratch buffer, decide, copy what is kept.
     #[inline(never)]
-    fn record_checked(&self, len: usize, flags: u32, fill: impl FnOnce(&mut [u8])) {
+    fn record_checked(
+        &self,
+        len: usize,
+        flags: u32,
+        fill: impl FnOnce(&mut [u8]),
+        finish: impl FnOnce(&mut [u8]),
+    ) {
         let pid = thread::current_tid(&self.shared.record_cmd);
         let mut fill = Some(fill);
+        let mut finish = Some(finish);
         let built = SCRATCH.try_with(|scratch| {
             // A signal handler tracing while this thread builds a record finds the scratch
             // buffer busy and records directly instead.
@@ -189,6 +206,7 @@ impl EventFile {
             self.write_header(record, pid);
             (fill.take().expect("fill used once"))(record);
             let (keep, fired) = self.decide(flags, record);
+            (finish.take().expect("finish used once"))(record);
             let kept = keep && self.shared.buffer.write(record);
             Some((kept, fired))
         });
@@ -208,6 +226,9 @@ impl EventFile {
         self.write_header(record, pid);
         fill(record);
         let (keep, fired) = self.decide(flags, record);
+        if let Some(finish) = finish.take() {
+            finish(record);
+        }
         if keep {
             slot.commit();
             if flags & flag::STACKS != 0 {
@@ -398,7 +419,10 @@ impl EventFile {
     /// Publishes the registered triggers to the record path and sets the flags that send
     /// records through them.
     pub(crate) fn publish_triggers(&self, list: &[Arc<Registered>]) {
-        let conditional = list.iter().any(|t| t.filter.is_some() || t.hook.is_some());
+        // Hist triggers need the record, as the kernel's EVENT_CMD_FL_NEEDS_REC.
+        let conditional = list
+            .iter()
+            .any(|t| t.filter.is_some() || t.hook.is_some() || t.hist.is_some());
         self.set_trigger_flags(!list.is_empty(), conditional);
         self.triggers.replace(if list.is_empty() {
             None
@@ -456,6 +480,15 @@ impl SoftSwitch for EventFile {
 
     fn release_soft_mode(&self) {
         self.soft_mode_put()
+    }
+
+    fn set_hist_paused(&self, paused: bool) {
+        let guard = crate::rcu::read_lock();
+        if let Some(list) = self.triggers.get(&guard) {
+            for hist in list.iter().filter_map(|t| t.hist.as_ref()) {
+                hist.paused.store(paused, Ordering::Relaxed);
+            }
+        }
     }
 }
 

@@ -28,6 +28,9 @@ pub const AVAILABLE: &[&str] = &[
     "stacktrace",
     "enable_event",
     "disable_event",
+    "enable_hist",
+    "disable_hist",
+    "hist",
 ];
 
 /// Identifies a record hook for [`remove_hook`].
@@ -51,6 +54,7 @@ pub fn add_hook(
         filter,
         target: None,
         hook: Some(hook),
+        hist: None,
     });
     list.push(entry.clone());
     file.publish_triggers(&list);
@@ -92,6 +96,9 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, text: &str) -> Result<(
         return Ok(());
     }
     let command = syntax::parse_with(text, AVAILABLE).map_err(|e| Errno(e.errno()))?;
+    if matches!(command.kind, Kind::Hist { .. }) {
+        return crate::hist::write(instance, file, &command);
+    }
     // The kernel looks an enable/disable target up before anything else, removals included.
     let target = match command.kind.target() {
         Some((system, event)) => Some(
@@ -135,6 +142,7 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, text: &str) -> Result<(
             filter,
             target: target.map(|t| t as Arc<dyn SoftSwitch>),
             hook: None,
+            hist: None,
         }),
     );
     file.publish_triggers(&list);
@@ -147,7 +155,7 @@ fn remove(file: &Arc<EventFile>, command: &Command) {
     let mut list = file.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
     let Some(at) = list
         .iter()
-        .position(|t| t.trigger.command().conflicts(command))
+        .position(|t| t.hist.is_none() && t.trigger.command().conflicts(command))
     else {
         // Removing what is not there succeeds, as on the kernel.
         return;

@@ -402,7 +402,7 @@ fn trigger_restrictions_are_the_kernels() {
     }
     assert_eq!(
         t.read(trig),
-        "# Available triggers:\n# traceon traceoff snapshot stacktrace enable_event disable_event\n"
+        "# Available triggers:\n# traceon traceoff snapshot stacktrace enable_event disable_event enable_hist disable_hist hist\n"
     );
 }
 

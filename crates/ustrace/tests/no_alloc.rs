@@ -94,4 +94,39 @@ fn tracepoints_and_event_writes_do_not_allocate() {
         0,
         "soft-disabled with a trigger"
     );
+    // A hist update: a u64 key with a value, then a compound key with a string, a log2
+    // bucket and a variable; new keys are claimed in the preallocated table.
+    set(
+        "instances/noalloc/events/noalloc/ev/trigger",
+        "hist:keys=a:vals=a\n",
+    );
+    let mut a = 0u64;
+    assert_eq!(
+        count(|| {
+            a = (a + 1) % 1000;
+            ev::trace(a, "hist", b"bytes")
+        }),
+        0,
+        "hist update, one u64 key"
+    );
+    let mut hist = String::new();
+    let mut f = ustrace::tracefs()
+        .open("instances/noalloc/events/noalloc/ev/hist", OpenFlags::READ)
+        .unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let n = f.read(&mut buf, None).unwrap();
+    hist.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+    assert!(hist.contains("    Hits: 10001\n"), "{hist}");
+    set(
+        "instances/noalloc/events/noalloc/ev/trigger",
+        "hist:keys=s,a.log2:vals=a:t=common_timestamp.usecs,d=a*2+1\n",
+    );
+    assert_eq!(
+        count(|| {
+            a = (a + 7) % 5000;
+            ev::trace(a, "hist", b"bytes")
+        }),
+        0,
+        "hist update, compound key with a string and variables"
+    );
 }

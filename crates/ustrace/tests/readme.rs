@@ -56,6 +56,12 @@ const SUPPORTED: &[&str] = &[
     "s:[synthetic/]",
     "' >> synthetic_events",
     "long[]",
+    // trigger/trigger-hist*.tc and the hist lines of the kernel's README
+    "hist trigger",
+    "enable_hist:<system>:<event>",
+    "disable_hist:<system>:<event>",
+    "<var1>=<field|var_ref|numeric_literal>",
+    "[:nohitcount]",
 ];
 
 /// Patterns for things this build does not have: listing them would make the selftests
@@ -73,8 +79,6 @@ const UNSUPPORTED: &[&str] = &[
     "onchange(var)",
     "snapshot()",
     "trace(<synthetic_event>",
-    "hist trigger",
-    "enable_hist",
     // fetch forms and types the parser refuses
     "%pd/%pD",
     "this_cpu_read(<fetcharg>)",

@@ -474,9 +474,21 @@ impl HistData {
         errpos(&self.command, needle)
     }
 
-    /// The `trigger info` line (`hist:keys=...:size=2048 [active]`) without the newline.
-    pub fn info(&self, name: Option<&str>, paused: bool) -> String {
-        print::trigger_info(self, name, paused)
+    /// The `trigger info` line (`hist:keys=...:size=2048 [active]`) without the newline,
+    /// for a trigger sharing these fields under `name`, with its own `filter`.
+    pub fn info(&self, name: Option<&str>, filter: Option<&str>, paused: bool) -> String {
+        print::trigger_info(self, name, filter, paused)
+    }
+
+    /// Whether `other` has the same fields, sort keys and actions (the kernel's
+    /// `hist_trigger_match` without its filter and name conditions).
+    pub fn same_shape(&self, other: &HistData) -> bool {
+        print::same_shape(self, other)
+    }
+
+    /// The display name of a field, as `hist` lines and `sort=` use it.
+    pub fn field_name(f: &HistField) -> String {
+        print::field_name(f, 0)
     }
 }
 

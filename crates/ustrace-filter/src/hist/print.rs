@@ -136,7 +136,12 @@ pub(crate) fn field_print(f: &HistField, out: &mut String) {
 
 /// The `trigger info` line without its newline (`event_hist_trigger_print`); `name` is
 /// the shared histogram's name.
-pub(crate) fn trigger_info(h: &HistData, name: Option<&str>, paused: bool) -> String {
+pub(crate) fn trigger_info(
+    h: &HistData,
+    name: Option<&str>,
+    filter: Option<&str>,
+    paused: bool,
+) -> String {
     let mut out = String::from("hist:");
     if let Some(name) = name {
         out.push_str("name=");
@@ -216,7 +221,7 @@ pub(crate) fn trigger_info(h: &HistData, name: Option<&str>, paused: bool) -> St
     for a in &h.actions {
         out.push_str(&action_spec(h, a));
     }
-    if let Some(filter) = &h.filter {
+    if let Some(filter) = filter {
         out.push_str(" if ");
         out.push_str(filter);
     }
@@ -247,4 +252,41 @@ fn action_spec(_h: &HistData, a: &super::Action) -> String {
     }
     out.push(')');
     out
+}
+
+/// The kernel's `hist_trigger_match` on fields, sort keys and actions.
+pub(crate) fn same_shape(a: &HistData, b: &HistData) -> bool {
+    if a.n_vals != b.n_vals
+        || a.fields.len() != b.fields.len()
+        || a.sort_keys.len() != b.sort_keys.len()
+    {
+        return false;
+    }
+    let compatible = |x: &Option<super::EventField>, y: &Option<super::EventField>| match (x, y) {
+        (None, None) => true,
+        (Some(x), Some(y)) => {
+            x.name == y.name && x.c_type == y.c_type && x.size == y.size && x.signed == y.signed
+        }
+        _ => false,
+    };
+    let fields_match = a.fields.iter().zip(&b.fields).all(|(x, y)| {
+        x.flags == y.flags
+            && compatible(&x.field, &y.field)
+            && x.offset == y.offset
+            && x.size == y.size
+            && x.signed == y.signed
+            && x.var_name == y.var_name
+    });
+    fields_match && a.sort_keys == b.sort_keys && actions_match(a, b)
+}
+
+fn actions_match(a: &HistData, b: &HistData) -> bool {
+    a.actions.len() == b.actions.len()
+        && a.actions.iter().zip(&b.actions).all(|(x, y)| {
+            x.handler == y.handler
+                && x.kind == y.kind
+                && x.params == y.params
+                && x.synth_name().unwrap_or(&x.action_name)
+                    == y.synth_name().unwrap_or(&y.action_name)
+        })
 }

@@ -31,7 +31,8 @@ impl HistEnv for Kmalloc {
 }
 
 fn info(spec: &str) -> String {
-    parse(spec, &Kmalloc, false).unwrap().info(None, false)
+    let h = parse(spec, &Kmalloc, false).unwrap();
+    h.info(None, h.filter.as_deref(), false)
 }
 
 fn err(spec: &str) -> (Option<HistErrorKind>, usize, i32) {
@@ -115,7 +116,7 @@ fn variables_expressions_and_actions() {
     .unwrap();
     assert_eq!(h.actions.len(), 1);
     assert!(h
-        .info(None, true)
+        .info(None, None, true)
         .ends_with(":onmax($m).save(bytes_alloc,call_site) [paused]"));
     let h = parse(
         "keys=common_pid:onmatch(sched.wakeup).trace(lat,$x,common_pid)",
@@ -125,7 +126,7 @@ fn variables_expressions_and_actions() {
     .unwrap();
     assert_eq!(h.actions[0].synth_name(), Some("lat"));
     assert!(h
-        .info(None, false)
+        .info(None, None, false)
         .contains(":onmatch(sched.wakeup).trace(lat,$x,common_pid)"));
 }
 

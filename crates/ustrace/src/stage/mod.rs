@@ -6,7 +6,9 @@
 //! instances, event files or tracefs: the commands that set stages up (the `filter` and
 //! `trigger` files, subsystem filters, `enable_event` targets) live above, in
 //! [`crate::filter`] and [`crate::trigger`], and hand the stages what they need already
-//! resolved. Aggregation stages (histograms) belong here beside these two.
+//! resolved. The hist stage ([`hist`]) aggregates records into histograms; the trigger
+//! stage runs it on the built record.
 
 pub mod filter;
+pub mod hist;
 pub mod trigger;

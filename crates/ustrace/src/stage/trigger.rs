@@ -37,6 +37,9 @@ pub trait SoftSwitch: Send + Sync {
     fn is_soft_disabled(&self) -> bool;
     /// Flips the target's soft-disable bit; atomics only (runs on the record path).
     fn set_soft_disabled(&self, disabled: bool);
+    /// Pauses or continues every hist trigger of the target (`disable_hist`/`enable_hist`);
+    /// atomics only.
+    fn set_hist_paused(&self, _paused: bool) {}
     /// Gives back the soft-mode hold the trigger took when it was registered.
     fn release_soft_mode(&self);
 }
@@ -52,12 +55,17 @@ pub struct Registered {
     pub(crate) target: Option<Arc<dyn SoftSwitch>>,
     /// Set for internal record hooks, which the `trigger` file neither lists nor matches.
     pub(crate) hook: Option<RecordHook>,
+    /// Set for a `hist` trigger: the histogram it feeds.
+    pub(crate) hist: Option<Arc<crate::stage::hist::Attached>>,
 }
 
 impl Registered {
     /// The trigger as its `trigger` file lists it.
     pub fn listing(&self) -> String {
-        self.trigger.listing()
+        match &self.hist {
+            Some(hist) => hist.info(),
+            None => self.trigger.listing(),
+        }
     }
 }
 
@@ -80,6 +88,12 @@ pub(crate) fn evaluate(triggers: &Triggers, shared: &Shared, record: Option<&[u8
         if let Some(hook) = &t.hook {
             if let Some(record) = record {
                 hook(record);
+            }
+            continue;
+        }
+        if let Some(hist) = &t.hist {
+            if let Some(record) = record {
+                hist.hit(record, shared.buffer.clock());
             }
             continue;
         }
@@ -123,7 +137,7 @@ fn run_fired_actions(triggers: &Triggers, shared: &Shared, fired: u64) {
         if fired & (1 << i) == 0 {
             continue;
         }
-        if t.hook.is_some() {
+        if t.hook.is_some() || t.hist.is_some() {
             continue;
         }
         match &t.trigger.command().kind {
@@ -143,7 +157,15 @@ fn run_fired_actions(triggers: &Triggers, shared: &Shared, fired: u64) {
                     target.set_soft_disabled(true);
                 }
             }
-            Kind::EnableHist { .. } | Kind::DisableHist { .. } | Kind::Hist { .. } => {}
+            Kind::EnableHist { .. } | Kind::DisableHist { .. } => {
+                if let Some(target) = &t.target {
+                    target.set_hist_paused(matches!(
+                        t.trigger.command().kind,
+                        Kind::DisableHist { .. }
+                    ));
+                }
+            }
+            Kind::Hist { .. } => {}
         }
     }
 }

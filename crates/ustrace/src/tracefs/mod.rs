@@ -114,6 +114,7 @@ enum File {
     EventEnable(Arc<EventFile>),
     EventFilter(Arc<Instance>, Arc<EventFile>),
     EventTrigger(Arc<Instance>, Arc<EventFile>),
+    EventHist(Arc<EventFile>),
     EventFormat(Arc<EventFile>),
     EventId(Arc<EventFile>),
     Cpu(Arc<Instance>, usize, &'static str),
@@ -200,6 +201,13 @@ fn resolve_in(instance: Arc<Instance>, parts: &[&str], top: bool) -> Result<Node
                         return Err(Errno::ENOENT);
                     }
                     Node::File(File::EventTrigger(instance.clone(), file))
+                }
+                [name, "hist"] => {
+                    let file = event(name)?;
+                    if *system == "ftrace" && file.event.name() != "print" {
+                        return Err(Errno::ENOENT);
+                    }
+                    Node::File(File::EventHist(file))
                 }
                 [name, "format"] => Node::File(File::EventFormat(event(name)?)),
                 [name, "id"] => Node::File(File::EventId(event(name)?)),
@@ -350,6 +358,7 @@ impl FileSystem for TraceFs {
                 entries.extend(["format", "id"].map(file));
                 if !ftrace || event_file.event.name() == "print" {
                     entries.push(file("trigger"));
+                    entries.push(file("hist"));
                 }
             }
             Dir::Instances => {
@@ -477,13 +486,21 @@ fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
             }),
         ),
         File::EventTrigger(instance, event_file) => rw(
-            crate::trigger::listing(&event_file),
+            {
+                // A truncating open drops the hist and enable_hist/disable_hist triggers
+                // (the only commands with the kernel's `unreg_all`); the others stay.
+                if flags.truncate {
+                    crate::hist::unregister_all(&event_file);
+                }
+                crate::trigger::listing(&event_file)
+            },
             Box::new(move |data| {
                 let text = std::str::from_utf8(data).map_err(|_| Errno::EINVAL)?;
                 crate::trigger::write(&instance, &event_file, text)?;
                 Ok(data.len())
             }),
         ),
+        File::EventHist(event_file) => text(crate::hist::show(&event_file)),
         File::EventFormat(event_file) => text(event_file.event.format_file()),
         File::EventId(event_file) => text(format!("{}\n", event_file.event.id.0)),
         File::HeaderPage => text(header_page()),
@@ -838,7 +855,7 @@ const HEADER_EVENT: &str = "# compressed entry header\n\
 /// tracefs supports by looking for syntax lines in it, so every `Format:`, `fetcharg`,
 /// `type` and trigger line below is spelled exactly as the kernel spells it, and a line is
 /// here only when this build accepts that syntax (`tests/readme.rs` checks both ways).
-/// There is no hist, kprobe or uprobe line: none of those exist here.
+/// There is no kprobe or uprobe line: neither exists here.
 const README: &str = "\
 ustrace tracefs: the kernel's event tracing, served by this process.
 
@@ -911,8 +928,11 @@ ustrace tracefs: the kernel's event tracing, served by this process.
 \t   trigger: traceon, traceoff
 \t            enable_event:<system>:<event>
 \t            disable_event:<system>:<event>
+\t            enable_hist:<system>:<event>
+\t            disable_hist:<system>:<event>
 \t\t    stacktrace
 \t\t    snapshot
+\t\t    hist (see below)
 \t   example: echo traceoff > events/kv/get/trigger
 \t            echo traceoff:3 > events/kv/get/trigger
 \t            echo 'enable_event:net:respond:3 if latency_ns > 1000' > \\
@@ -921,4 +941,31 @@ ustrace tracefs: the kernel's event tracing, served by this process.
 \t    the trigger changed something.
 \t   Remove a trigger by writing it again after a '!' (with ':0' for one
 \t    that had a count); its filter need not be repeated.
+
+      hist trigger\t- aggregates the event's hits into a table, shown in 'hist'
+\t    Format: hist:keys=<field1[,field2,...]>
+\t            [:<var1>=<field|var_ref|numeric_literal>[,<var2>=...]]
+\t            [:values=<field1[,field2,...]>]
+\t            [:sort=<field1[,field2,...]>]
+\t            [:size=#entries]
+\t            [:pause][:continue][:clear]
+\t            [:name=histname1]
+\t            [:nohitcount]
+\t            [:<handler>.<action>]
+\t            [if <filter>]
+
+\t    Special fields: common_timestamp (the record's time; .usecs for
+\t            microseconds), common_cpu, common_stacktrace, common_comm.
+\t    Keys (up to 3) index the table; values (up to 2 besides hitcount)
+\t    are summed per key; sort takes up to 2 fields, each .ascending or
+\t    .descending; size is rounded up to a power of two, 128 to 131072
+\t    entries, and a full table counts Dropped. Field modifiers:
+\t            .hex .sym .sym-offset .execname .syscall .log2
+\t            .buckets=<size> .usecs .percent .graph .stacktrace
+\t    A variable is a field, a $variable, a number, or an expression of
+\t    those with + - * /. name= shares one table among compatible triggers.
+\t    :pause stops adding to a trigger, :continue resumes, :clear empties
+\t    it; write them with '>>' to the trigger already there ('>' removes
+\t    the hist triggers first). enable_hist and disable_hist continue and
+\t    pause every hist trigger of another event.
 ";

@@ -1,0 +1,545 @@
+//! The hist stage (histogram.rst 2): on one record of one event, build the key, find or
+//! claim its element in the trigger's tracing map, and add the values.
+//!
+//! ```text
+//!   record ─► key builder (fields, .log2/.buckets, strings, stack) ─► TracingMap::insert
+//!                                                                       │ Elt
+//!             hitcount += 1, sums += values, variables = expressions ◄──┘
+//! ```
+//!
+//! A [`Hist`] is one histogram: the parsed trigger ([`HistData`], from
+//! `ustrace_filter::hist`), compiled once into flat evaluators over the record, and its
+//! preallocated [`TracingMap`]. Triggers that share a histogram by `name=` hold the same
+//! `Arc<Hist>`; each registered trigger is an [`Attached`] (its own pause switch and filter
+//! text), which the trigger stage runs on the built record ([`crate::stage::trigger`]).
+//! The update takes no lock and allocates nothing: the key is built in a stack buffer, the
+//! map is lock-free, values are relaxed atomic adds.
+//!
+//! Registering, `name=` sharing, `:pause`/`:cont`/`:clear`, `!hist` removal and the `hist`
+//! file's text are the command floor's business ([`crate::hist`]); printing lives in
+//! [`show`].
+//!
+//! # Hook points for inter-event support
+//!
+//! Variables defined on this trigger (`ts0=common_timestamp`) are stored here, in the
+//! element's variable slot `HistField::var_idx` ([`Elt::set_var`]), on every update. What
+//! needs other events is left to a [`HistHooks`] the histogram is built with
+//! ([`Hist::new`]):
+//! - [`HistHooks::resolve_refs`] runs before the insert when the trigger has variable
+//!   references (`HistData::var_refs`): it fills `refs[i]` for reference `i` (read from
+//!   the defining histogram's element with the same key) and may veto the update, as the
+//!   kernel's `resolve_var_refs`. Expressions read reference `i` as `refs[i]`.
+//! - [`HistHooks::after_update`] runs after the element is updated, with the key, the
+//!   element and the references: actions (`onmatch().trace()`, `onmax().save()`) go there.
+//! - [`Hist::extra_vars`] reserves variable slots beyond the trigger's own (field
+//!   variables, tracking variables), numbered from `HistData::n_vars`.
+
+pub mod show;
+pub mod syscalls;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ustrace_filter::hist::{self as syntax, flags, DivBy, HistData, HistField, Op};
+use ustrace_filter::FieldClass;
+use ustrace_tracemap::{Elt, MapConfig, TracingMap};
+
+use crate::event::field::read_int;
+
+pub use syntax::{KEY_SIZE_MAX, STACKTRACE_DEPTH, STR_MAX};
+
+/// Frames of ustrace itself above the probe when a stacktrace key is taken.
+const STACK_SKIP: usize = 4;
+
+/// What inter-event support adds to a histogram's update (see the module doc).
+pub trait HistHooks: Send + Sync {
+    /// Fills the variable references of a record with key `key`; `false` skips the
+    /// update (a referenced variable is not set).
+    fn resolve_refs(&self, _hist: &Hist, _key: &[u8], _refs: &mut [u64]) -> bool {
+        true
+    }
+    /// Runs after the element of `key` was updated for `record`.
+    fn after_update(&self, _hist: &Hist, _elt: &Elt, _key: &[u8], _record: &[u8], _refs: &[u64]) {}
+    /// Appends what an entry's line shows after its values (`onmax`'s `max:` and saved
+    /// fields), before the newline.
+    fn print_entry(&self, _hist: &Hist, _entry: &show::Entry, _out: &mut String) {}
+    /// Appends what follows the entries, before `Totals:` (a snapshot's details).
+    fn print_after_entries(&self, _hist: &Hist, _out: &mut String) {}
+}
+
+/// How a compiled field gets its value from a record.
+#[derive(Debug)]
+enum Ev {
+    Const(u64),
+    One,
+    Int {
+        offset: usize,
+        size: usize,
+        signed: bool,
+    },
+    Timestamp,
+    Cpu,
+    Pid,
+    VarRef(usize),
+    Log2(Box<Ev>),
+    Bucket(Box<Ev>, u64),
+    Neg(Box<Ev>),
+    Bin(Op, DivBy, Box<Ev>, Box<Ev>),
+}
+
+/// Where a string key comes from.
+#[derive(Debug, Clone, Copy)]
+enum StrSrc {
+    Static { offset: usize, size: usize },
+    Dyn { offset: usize },
+    RelDyn { offset: usize },
+    Comm,
+}
+
+#[derive(Debug)]
+enum KeyKind {
+    Num(Ev),
+    Str(StrSrc),
+    Stack(Option<usize>),
+}
+
+#[derive(Debug)]
+struct KeyPart {
+    kind: KeyKind,
+    offset: usize,
+    size: usize,
+}
+
+/// The record and what evaluating fields may need beside it.
+struct Ctx<'a> {
+    record: &'a [u8],
+    refs: &'a [u64],
+    usecs: bool,
+    clock: ustrace_ringbuf::clock::Clock,
+}
+
+impl Ev {
+    fn compile(f: &HistField) -> Ev {
+        if f.has(flags::VAR_REF) || (f.has(flags::ALIAS) && f.operands.len() == 1) {
+            return Ev::VarRef(f.var_ref_idx);
+        }
+        if f.has(flags::CONST) {
+            return Ev::Const(f.constant);
+        }
+        if f.has(flags::LOG2) && !f.operands.is_empty() {
+            return Ev::Log2(Box::new(Ev::compile(&f.operands[0])));
+        }
+        if f.has(flags::BUCKET) && !f.operands.is_empty() {
+            return Ev::Bucket(Box::new(Ev::compile(&f.operands[0])), f.buckets.max(1));
+        }
+        match f.operator {
+            Op::UnaryMinus => return Ev::Neg(Box::new(Ev::compile(&f.operands[0]))),
+            Op::Plus | Op::Minus | Op::Div | Op::Mult => {
+                return Ev::Bin(
+                    f.operator,
+                    f.div,
+                    Box::new(Ev::compile(&f.operands[0])),
+                    Box::new(Ev::compile(&f.operands[1])),
+                )
+            }
+            Op::None => {}
+        }
+        if f.has(flags::HITCOUNT) {
+            return Ev::One;
+        }
+        if f.has(flags::TIMESTAMP) {
+            return Ev::Timestamp;
+        }
+        if f.has(flags::CPU) {
+            return Ev::Cpu;
+        }
+        if f.has(flags::EXECNAME) {
+            // A variable of `common_pid.execname` keeps the pid; the name is the pid's.
+            return Ev::Pid;
+        }
+        match &f.field {
+            Some(ef) => Ev::Int {
+                offset: ef.offset,
+                size: ef.size,
+                signed: ef.signed,
+            },
+            None => Ev::Const(0),
+        }
+    }
+
+    #[inline]
+    fn eval(&self, ctx: &Ctx<'_>) -> u64 {
+        match self {
+            Ev::Const(c) => *c,
+            Ev::One => 1,
+            Ev::Int {
+                offset,
+                size,
+                signed,
+            } => read_int(ctx.record, *offset, *size, *signed),
+            Ev::Timestamp => {
+                let ns = ustrace_ringbuf::clock::now(ctx.clock);
+                if ctx.usecs {
+                    (ns + 500) / 1000
+                } else {
+                    ns
+                }
+            }
+            Ev::Cpu => ustrace_ringbuf::cpu::current_cpu() as u64,
+            Ev::Pid => read_int(ctx.record, 4, 4, true),
+            Ev::VarRef(i) => ctx.refs.get(*i).copied().unwrap_or(0),
+            Ev::Log2(e) => log2_roundup(e.eval(ctx)),
+            Ev::Bucket(e, b) => e.eval(ctx) / b * b,
+            Ev::Neg(e) => (e.eval(ctx) as i64).wrapping_neg() as u64,
+            Ev::Bin(op, div, a, b) => syntax::eval_op(*op, *div, a.eval(ctx), b.eval(ctx)),
+        }
+    }
+}
+
+/// `ilog2(roundup_pow_of_two(v))` as the kernel computes it (0 and 1 give 0).
+pub fn log2_roundup(v: u64) -> u64 {
+    if v <= 1 || v > 1 << 63 {
+        0
+    } else {
+        u64::from(64 - (v - 1).leading_zeros())
+    }
+}
+
+fn str_src(f: &HistField) -> Option<StrSrc> {
+    if f.has(flags::COMM) {
+        return Some(StrSrc::Comm);
+    }
+    let ef = f.field.as_ref()?;
+    Some(match ef.class() {
+        FieldClass::StaticString => StrSrc::Static {
+            offset: ef.offset,
+            size: ef.size,
+        },
+        FieldClass::DynString => StrSrc::Dyn { offset: ef.offset },
+        FieldClass::RelDynString => StrSrc::RelDyn { offset: ef.offset },
+        _ => return None,
+    })
+}
+
+thread_local! {
+    static COMM: std::cell::Cell<([u8; 16], bool)> = const { std::cell::Cell::new(([0; 16], false)) };
+}
+
+/// The calling thread's name as 16 NUL-padded bytes, asked once per thread.
+fn current_comm() -> [u8; 16] {
+    COMM.try_with(|c| {
+        let (bytes, known) = c.get();
+        if known {
+            return bytes;
+        }
+        let name = crate::thread::current_comm();
+        let mut bytes = [0u8; 16];
+        let n = name.len().min(15);
+        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+        c.set((bytes, true));
+        bytes
+    })
+    .unwrap_or([0; 16])
+}
+
+/// One histogram: the parsed trigger, its compiled fields and its map.
+pub struct Hist {
+    /// The trigger as parsed (fields, sort keys, attributes, actions).
+    pub data: HistData,
+    /// The table of elements.
+    pub map: TracingMap,
+    /// `name=` the histogram is shared under.
+    pub name: Option<String>,
+    /// Variable slots reserved past the trigger's own (for inter-event support).
+    pub extra_vars: usize,
+    keys: Vec<KeyPart>,
+    /// `(sum index, evaluator)` of each value after hitcount.
+    sums: Vec<(usize, Ev)>,
+    /// `(variable index, evaluator)` of each variable defined on values and keys.
+    vars: Vec<(usize, Ev)>,
+    /// One numeric key: no compound key to assemble.
+    single_num_key: bool,
+    /// Plain integer fields only (one key, sums, no variables, no hooks): the update
+    /// reads them straight from the record, without the evaluator.
+    plain: Option<Plain>,
+    /// Inter-event support, when the trigger needs it.
+    pub hooks: Option<Arc<dyn HistHooks>>,
+}
+
+impl std::fmt::Debug for Hist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hist")
+            .field("name", &self.name)
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An integer field read straight from the record: offset, size, signedness.
+#[derive(Debug, Clone, Copy)]
+struct IntAt(usize, usize, bool);
+
+impl IntAt {
+    #[inline(always)]
+    fn read(self, record: &[u8]) -> u64 {
+        read_int(record, self.0, self.1, self.2)
+    }
+}
+
+/// The common shape `keys=field:vals=field,...`, compiled to offsets.
+#[derive(Debug)]
+struct Plain {
+    key: IntAt,
+    sums: Vec<(usize, IntAt)>,
+}
+
+fn plain_int(ev: &Ev) -> Option<IntAt> {
+    match ev {
+        Ev::Int {
+            offset,
+            size,
+            signed,
+        } => Some(IntAt(*offset, *size, *signed)),
+        _ => None,
+    }
+}
+
+/// A histogram could not be made (its table could not be allocated).
+#[derive(Debug)]
+pub struct NoMemory;
+
+impl Hist {
+    /// Compiles `data` and allocates its table (`size=` entries, `extra_vars` variable
+    /// slots past the trigger's own).
+    pub fn new(
+        data: HistData,
+        extra_vars: usize,
+        hooks: Option<Arc<dyn HistHooks>>,
+    ) -> Result<Hist, NoMemory> {
+        let bits = if data.attrs.map_bits != 0 {
+            data.attrs.map_bits
+        } else {
+            syntax::BITS_DEFAULT
+        };
+        let map = TracingMap::new(MapConfig {
+            max_elts: 1 << bits,
+            key_size: data.key_size.max(8),
+            n_vals: data.n_sums(),
+            n_vars: data.n_vars + extra_vars,
+        })
+        .map_err(|_| NoMemory)?;
+        let keys: Vec<KeyPart> = data
+            .keys()
+            .iter()
+            .map(|k| {
+                let kind = if k.has(flags::STACKTRACE) {
+                    KeyKind::Stack(k.field.as_ref().map(|f| f.offset))
+                } else if k.has(flags::STRING) {
+                    match str_src(k) {
+                        Some(src) => KeyKind::Str(src),
+                        None => KeyKind::Num(Ev::compile(k)),
+                    }
+                } else {
+                    KeyKind::Num(Ev::compile(k))
+                };
+                KeyPart {
+                    kind,
+                    offset: k.offset,
+                    size: k.size,
+                }
+            })
+            .collect();
+        let mut sums = Vec::new();
+        let mut vars = Vec::new();
+        for (i, f) in data.vals().iter().enumerate().skip(1) {
+            if f.has(flags::VAR) {
+                vars.push((f.var_idx, Ev::compile(f)));
+            } else {
+                sums.push((i, Ev::compile(f)));
+            }
+        }
+        let single_num_key = keys.len() == 1 && matches!(keys[0].kind, KeyKind::Num(_));
+        let plain = match (&keys[..], vars.is_empty() && hooks.is_none()) {
+            (
+                [KeyPart {
+                    kind: KeyKind::Num(ev),
+                    ..
+                }],
+                true,
+            ) => plain_int(ev).and_then(|key| {
+                let sums: Option<Vec<_>> = sums
+                    .iter()
+                    .map(|(i, ev)| plain_int(ev).map(|f| (*i, f)))
+                    .collect();
+                sums.map(|sums| Plain { key, sums })
+            }),
+            _ => None,
+        };
+        Ok(Hist {
+            plain,
+            name: data.attrs.name.clone(),
+            data,
+            map,
+            extra_vars,
+            keys,
+            sums,
+            vars,
+            single_num_key,
+            hooks,
+        })
+    }
+
+    /// Adds one record. No lock, no allocation.
+    #[inline]
+    pub fn update(&self, record: &[u8], clock: ustrace_ringbuf::clock::Clock) {
+        if let Some(plain) = &self.plain {
+            let key = plain.key.read(record).to_ne_bytes();
+            let Some(elt) = self.map.insert(&key) else {
+                return;
+            };
+            elt.add(0, 1);
+            for (i, f) in &plain.sums {
+                elt.add(*i, f.read(record));
+            }
+            return;
+        }
+        // Keys never read variable references (the parser refuses them).
+        let ctx = Ctx {
+            record,
+            refs: &[],
+            usecs: self.data.attrs.ts_in_usecs,
+            clock,
+        };
+        if self.single_num_key {
+            let KeyKind::Num(ev) = &self.keys[0].kind else {
+                return;
+            };
+            let key = ev.eval(&ctx).to_ne_bytes();
+            self.update_key(&key, &ctx);
+            return;
+        }
+        let mut buf = [0u8; KEY_SIZE_MAX];
+        let key_size = self.data.key_size.max(8);
+        for part in &self.keys {
+            let slot = &mut buf[part.offset..part.offset + part.size];
+            match &part.kind {
+                KeyKind::Num(ev) => {
+                    let v = ev.eval(&ctx).to_ne_bytes();
+                    let n = slot.len().min(8);
+                    slot[..n].copy_from_slice(&v[..n]);
+                }
+                KeyKind::Str(src) => copy_str(record, *src, slot),
+                KeyKind::Stack(field) => fill_stack(record, *field, slot),
+            }
+        }
+        self.update_key(&buf[..key_size], &ctx);
+    }
+
+    #[inline]
+    fn update_key(&self, key: &[u8], ctx: &Ctx<'_>) {
+        let mut refs = [0u64; syntax::VARS_MAX];
+        let hooks = self.hooks.as_deref();
+        if let Some(hooks) = hooks {
+            if !self.data.var_refs.is_empty() && !hooks.resolve_refs(self, key, &mut refs) {
+                return;
+            }
+        }
+        let Some(elt) = self.map.insert(key) else {
+            return;
+        };
+        let ctx = Ctx {
+            record: ctx.record,
+            refs: &refs,
+            usecs: ctx.usecs,
+            clock: ctx.clock,
+        };
+        elt.add(0, 1);
+        for (i, ev) in &self.sums {
+            elt.add(*i, ev.eval(&ctx));
+        }
+        for (i, ev) in &self.vars {
+            elt.set_var(*i, ev.eval(&ctx));
+        }
+        if let Some(hooks) = hooks {
+            hooks.after_update(self, elt, key, ctx.record, ctx.refs);
+        }
+    }
+}
+
+/// Copies a string field into its key slot, NUL-terminated (the kernel's `strncpy` of at
+/// most the slot size less one).
+fn copy_str(record: &[u8], src: StrSrc, slot: &mut [u8]) {
+    let comm;
+    let bytes: &[u8] = match src {
+        StrSrc::Static { offset, size } => record.get(offset..offset + size).unwrap_or(&[]),
+        StrSrc::Dyn { offset } => {
+            crate::event::field::data_loc_bytes(record, offset).unwrap_or(&[])
+        }
+        StrSrc::RelDyn { offset } => {
+            let loc = read_int(record, offset, 4, false) as usize;
+            let start = offset + 4 + (loc & 0xffff);
+            record.get(start..start + (loc >> 16)).unwrap_or(&[])
+        }
+        StrSrc::Comm => {
+            comm = current_comm();
+            &comm
+        }
+    };
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    let n = end.min(slot.len().saturating_sub(1));
+    slot[..n].copy_from_slice(&bytes[..n]);
+}
+
+/// Fills a stacktrace key: the calling thread's return addresses, or a `__data_loc`
+/// array of addresses in the record (`field.stacktrace`).
+fn fill_stack(record: &[u8], field: Option<usize>, slot: &mut [u8]) {
+    let mut frames = [0usize; STACKTRACE_DEPTH];
+    let n = match field {
+        None => ustrace_inspect::stack::capture(STACK_SKIP, &mut frames),
+        Some(offset) => {
+            let bytes = crate::event::field::data_loc_bytes(record, offset).unwrap_or(&[]);
+            let mut n = 0;
+            for (i, chunk) in bytes.chunks_exact(8).take(STACKTRACE_DEPTH).enumerate() {
+                frames[i] = u64::from_ne_bytes(chunk.try_into().unwrap_or([0; 8])) as usize;
+                n = i + 1;
+            }
+            n
+        }
+    };
+    for (i, f) in frames[..n].iter().enumerate() {
+        if let Some(dst) = slot.get_mut(i * 8..i * 8 + 8) {
+            dst.copy_from_slice(&(*f as u64).to_ne_bytes());
+        }
+    }
+}
+
+/// One hist trigger registered on an event (the kernel's `event_trigger_data`): the
+/// histogram it feeds, which `name=` triggers share, and its own pause switch and filter.
+pub struct Attached {
+    /// The histogram.
+    pub hist: Arc<Hist>,
+    /// `:pause`d (or stopped by `disable_hist`).
+    pub paused: AtomicBool,
+    /// The filter after `if`, as written.
+    pub filter_text: Option<String>,
+}
+
+impl Attached {
+    /// The trigger's line in `trigger` and `hist` (without the newline).
+    pub fn info(&self) -> String {
+        self.hist.data.info(
+            self.hist.name.as_deref(),
+            self.filter_text.as_deref(),
+            self.paused.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Runs the trigger on a built record (its filter already passed).
+    #[inline]
+    pub(crate) fn hit(&self, record: &[u8], clock: ustrace_ringbuf::clock::Clock) {
+        if self.paused.load(Ordering::Relaxed) {
+            return;
+        }
+        self.hist.update(record, clock);
+    }
+}
