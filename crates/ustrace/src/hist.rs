@@ -130,9 +130,12 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
         return Err(Errno::EINVAL);
     };
     let cmd = format!("hist:{spec}");
-    let env = FileEnv {
-        instance,
-        file: file.as_ref(),
+    let env = crate::hist_inter::Env {
+        file: FileEnv {
+            instance,
+            file: file.as_ref(),
+        },
+        command: &cmd,
     };
     let data = syntax::parse(spec, &env, command.remove).map_err(|e| {
         log(instance, file, &cmd, &e);
@@ -164,10 +167,21 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
             // Removing what is not there succeeds, as on the kernel.
             return Ok(());
         };
+        // A trigger whose variables another trigger reads stays (the kernel's EBUSY).
+        let removed = list[at].hist.as_ref().map(|h| h.hist.clone());
+        if removed
+            .as_ref()
+            .is_some_and(crate::hist_inter::is_referenced)
+        {
+            return Err(Errno::EBUSY);
+        }
         list.remove(at);
         file.publish_triggers(&list);
         drop(list);
         file.soft_mode_put();
+        if let Some(hist) = removed {
+            crate::hist_inter::release(&hist);
+        }
         return Ok(());
     }
 
@@ -227,7 +241,11 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
         Some(n) => n,
         None => {
             let name = data.attrs.name.clone();
-            let hist = Arc::new(Hist::new(data, 0, None).map_err(|_| Errno::ENOMEM)?);
+            // Variable references and actions (inter-event) are resolved here.
+            let hist = crate::hist_inter::create(instance, file, data).map_err(|e| {
+                log(instance, file, &cmd, &e);
+                Errno(e.errno)
+            })?;
             if let Some(name) = name {
                 named()
                     .lock()
@@ -273,6 +291,15 @@ pub fn show(file: &EventFile) -> String {
 pub fn unregister_all(file: &Arc<EventFile>) {
     let removed: Vec<Arc<Registered>> = {
         let mut list = file.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
+        // Nothing goes while another trigger reads a variable of one of them (the
+        // kernel's `hist_file_check_refs`).
+        if list
+            .iter()
+            .filter_map(|t| t.hist.as_ref())
+            .any(|h| crate::hist_inter::is_referenced(&h.hist))
+        {
+            return;
+        }
         let (gone, kept): (Vec<_>, Vec<_>) =
             std::mem::take(&mut *list).into_iter().partition(|t| {
                 t.hook.is_none()
@@ -292,5 +319,8 @@ pub fn unregister_all(file: &Arc<EventFile>) {
             target.release_soft_mode();
         }
         file.soft_mode_put();
+        if let Some(h) = &t.hist {
+            crate::hist_inter::release(&h.hist);
+        }
     }
 }

@@ -103,6 +103,7 @@ pub mod dynevent_cmd;
 pub mod event;
 pub mod filter;
 pub mod hist;
+pub mod hist_inter;
 pub mod marker;
 pub mod options;
 pub mod output;
