@@ -464,8 +464,8 @@ fn trace_action(
                 None => return Err(HistError::silent(EINVAL)),
             },
         };
-        // (type, size, signed) of the value, and the parameter.
-        let (c_type, size, signed, made) = if let Some(vname) = var.strip_prefix('$') {
+        // (type, size, signed, string variable) of the value, and the parameter.
+        let (c_type, size, signed, string_var, made) = if let Some(vname) = var.strip_prefix('$') {
             let own = if t.is(system, event) {
                 var_field(data, vname).map(|f| VarTarget {
                     hist: t.id,
@@ -503,19 +503,10 @@ fn trace_action(
                 found.is_string,
             );
             let r = var_ref(data, found, vname, system, event);
-            (
-                c,
-                s,
-                sg,
-                if string {
-                    Param::RefStr(r)
-                } else {
-                    Param::Ref(r)
-                },
-            )
+            (c, s, sg, string, Param::Ref(r))
         } else if t.is(system, event) && target_field(t, var).is_some() {
             let (read, c, s, sg) = target_field(t, var).expect("checked");
-            (c, s, sg, Param::Field(read))
+            (c, s, sg, false, Param::Field(read))
         } else {
             if system.is_none() {
                 if let Some((s, e)) = matching {
@@ -535,16 +526,7 @@ fn trace_action(
             );
             let vname = format!("synthetic_{var}");
             let r = var_ref(data, found, &vname, Some(s), Some(e));
-            (
-                c,
-                sz,
-                sg,
-                if string {
-                    Param::RefStr(r)
-                } else {
-                    Param::Ref(r)
-                },
-            )
+            (c, sz, sg, string, Param::Ref(r))
         };
         let ok = synth
             .fields()
@@ -552,6 +534,11 @@ fn trace_action(
             .is_some_and(|f| synth_field_accepts(f, &c_type, size, signed));
         if !ok {
             return Err(HistError::new(K::SynthTypeMismatch, data.errpos(var)));
+        }
+        if string_var {
+            // Variables here keep numbers only (the hist stage stores no string per
+            // entry), so a string variable cannot be passed on: refused, not garbled.
+            return Err(HistError::new(K::FieldVarCreateFail, data.errpos(var)));
         }
         params.push(made);
     }

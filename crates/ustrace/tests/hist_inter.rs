@@ -563,6 +563,7 @@ fn mistakes_are_refused_with_the_kernels_messages() {
     }
     let mut t = Instance::new("inter-errors");
     t.synth("req_lat3 u64 id; u64 lat");
+    t.synth("req_op3 u64 id; char op[16]");
     t.append("events/tnet/request/trigger", "hist:keys=id:t0=t\n")
         .unwrap();
     let loc = "hist:tnet:respond";
@@ -656,6 +657,14 @@ fn mistakes_are_refused_with_the_kernels_messages() {
         Errno::EEXIST,
         "Can't have more than one save() action per hist",
         "",
+    );
+    // Here (unlike the kernel) variables keep numbers only: a string of the matching
+    // event is refused rather than passed on garbled.
+    check(
+        "hist:keys=id:onmatch(tnet.request).trace(req_op3,id,tnet.request.op)",
+        Errno::EINVAL,
+        "Couldn't create field variable",
+        "op",
     );
     // A string is no operand.
     let op_ts = "hist:keys=id:x=op+1";

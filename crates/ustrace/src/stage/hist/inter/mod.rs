@@ -123,8 +123,6 @@ impl FieldRead {
 pub enum Param {
     /// A variable reference's resolved value.
     Ref(usize),
-    /// A string variable reference: its value is the address of the string.
-    RefStr(usize),
     /// A field of the triggering record (the kernel makes a field variable of it and
     /// reads it back at once; reading the record is the same value).
     Field(FieldRead),
@@ -440,37 +438,12 @@ impl TraceAction {
         for (i, p) in self.params.iter().take(n).enumerate() {
             values[i] = match p {
                 Param::Ref(r) => SynthValue::U64(vals.get(*r).copied().unwrap_or(0)),
-                Param::RefStr(r) => {
-                    let v = vals.get(*r).copied().unwrap_or(0);
-                    // SAFETY: a string variable holds the address of bytes kept in its
-                    // entry (`STR_VAR_LEN_MAX` long, NUL-terminated), in a map that lives
-                    // while this trigger references it: the defining trigger cannot be
-                    // removed before this one (EBUSY).
-                    SynthValue::Str(unsafe { string_at(v) })
-                }
                 Param::Field(f) if f.is_string() => SynthValue::Str(f.str(record)),
                 Param::Field(f) => SynthValue::U64(f.int(record)),
             };
         }
         let _ = self.synth.trace(&values[..n]);
     }
-}
-
-/// The NUL-terminated bytes at `addr`, at most [`crate::synth::STR_VAR_LEN_MAX`].
-///
-/// # Safety
-/// `addr` is 0 or the address of at least `STR_VAR_LEN_MAX` readable bytes that outlive
-/// the returned slice.
-unsafe fn string_at<'a>(addr: u64) -> &'a [u8] {
-    if addr == 0 {
-        return &[];
-    }
-    // SAFETY: the caller promises STR_VAR_LEN_MAX readable bytes at addr.
-    let all = unsafe {
-        std::slice::from_raw_parts(addr as usize as *const u8, crate::synth::STR_VAR_LEN_MAX)
-    };
-    let end = all.iter().position(|&c| c == 0).unwrap_or(all.len());
-    &all[..end]
 }
 
 impl SnapshotState {
