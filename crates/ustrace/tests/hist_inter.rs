@@ -730,6 +730,9 @@ fn referenced_variables_and_synthetic_events_are_busy() {
     t.append("events/tnet/request/trigger", "!hist:keys=id:t0=t\n")
         .unwrap();
     assert!(!t.read("events/tnet/request/trigger").contains("hist:"));
+    // With the action gone, the synthetic event is free again.
+    common::append("synthetic_events", "!req_lat4\n").unwrap();
+    t.1.retain(|n| n != "req_lat4");
 }
 
 // Variables are not unique across events: an unqualified reference that two events
@@ -938,4 +941,76 @@ fn eprobe_example_2_through_raw_syscalls() {
     common::append("dynamic_events", "-:eprobes/openat2\n").unwrap();
     common::append("dynamic_events", "-:eprobes/openat_start\n").unwrap();
     common::append("dynamic_events", "-:synthetic/filename2\n").unwrap();
+}
+
+// The selftest trigger-multi-actions-accept.tc: several hist triggers on one event, one
+// defining the variable and others passing it on qualified with their own event.
+#[test]
+fn several_triggers_with_actions_on_one_event() {
+    if skip_without_hist() {
+        return;
+    }
+    let mut t = Instance::new("inter-multi");
+    t.synth("wakeup_latency6 u64 lat; pid_t pid");
+    let trigger2 = "events/sched/sched_switch/trigger";
+    t.write(
+        "events/sched/sched_wakeup/trigger",
+        "hist:keys=pid:ts0=common_timestamp.usecs if comm==\"cyclictest\"\n",
+    )
+    .unwrap();
+    for line in [
+        "hist:keys=next_pid:wakeup_lat=common_timestamp.usecs-$ts0 if next_comm==\"cyclictest\"",
+        "hist:keys=next_pid:onmatch(sched.sched_wakeup).wakeup_latency6(sched.sched_switch.$wakeup_lat,next_pid) if next_comm==\"cyclictest\"",
+        "hist:keys=next_pid:onmatch(sched.sched_wakeup).wakeup_latency6(sched.sched_switch.$wakeup_lat,prev_pid) if next_comm==\"cyclictest\"",
+        "hist:keys=next_pid if next_comm==\"cyclictest\"",
+    ] {
+        t.append(trigger2, &format!("{line}\n")).unwrap();
+    }
+    assert_eq!(t.read(trigger2).lines().count(), 4);
+    t.write("events/synthetic/wakeup_latency6/enable", "1\n")
+        .unwrap();
+    sched_wakeup::trace("cyclictest", 31, 9, 0);
+    sched_switch::trace("swapper/0", 0, 120, 0, "cyclictest", 31, 9);
+    let lines = common::body_lines(&t.read("trace"));
+    // Both actions read $wakeup_lat of the first trigger, which they do not consume.
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains(" pid=31")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains(" pid=0")), "{lines:?}");
+}
+
+// histogram.rst 2.2.3, onmax().snapshot(): the snapshot is taken when the latency beats
+// the instance-wide maximum, and the hist file says which key triggered it.
+#[test]
+fn onmax_snapshot_reports_the_triggering_key() {
+    if skip_without_hist() {
+        return;
+    }
+    let t = Instance::new("inter-onmax-snap");
+    t.write("events/tnet/enable", "1\n").unwrap();
+    t.append("events/tnet/request/trigger", "hist:keys=id:t0=t\n")
+        .unwrap();
+    t.append(
+        "events/tnet/respond/trigger",
+        "hist:keys=id:lat=t-$t0:onmax($lat).save(status,id):onmax($lat).snapshot()\n",
+    )
+    .unwrap();
+    for (id, t0, t1) in [(1, 100, 130), (2, 200, 290), (1, 300, 310)] {
+        request::trace(id, "get", t0);
+        respond::trace(id, t1, 200);
+    }
+    let hist = t.read("events/tnet/respond/hist");
+    assert!(
+        hist.contains("\nSnapshot taken (see tracing/snapshot).  Details:\n\ttriggering value { onmax($lat) }:         90\ttriggered by event with key: { id:          2 }\n"),
+        "{hist}"
+    );
+    assert!(
+        hist.contains("{ id:          1 } hitcount:          2\n\tmax:         30  status:        200  id:          1\n"),
+        "{hist}"
+    );
+    let snapshot = t.read("snapshot");
+    assert!(
+        snapshot.contains("respond: id=2 t=290 status=200"),
+        "{snapshot}"
+    );
+    assert!(!snapshot.contains("t=310"), "{snapshot}");
 }

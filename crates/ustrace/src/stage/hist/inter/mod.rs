@@ -454,13 +454,16 @@ impl SnapshotState {
             var_str: var_str.to_string(),
             value: AtomicU64::new(0),
             updated: AtomicBool::new(false),
-            key: Mutex::new(Vec::new()),
+            // Room for any key, so taking a snapshot allocates nothing.
+            key: Mutex::new(Vec::with_capacity(crate::stage::hist::KEY_SIZE_MAX)),
         }
     }
 
     /// The kernel's `cond_snapshot_update`: a snapshot only when the value beats the
-    /// instance-wide one (or differs from it, for `onchange`).
-    fn take(&self, value: u64, key: &[u8], shared: &Shared) {
+    /// instance-wide one (or differs from it, for `onchange`). The snapshot itself is taken
+    /// once the triggering record is in the buffer ([`run_deferred`]), so the snapshot
+    /// ends with it, as the kernel's (whose record is already reserved when it swaps).
+    fn take(&self, value: u64, key: &[u8], shared: &Arc<Shared>) {
         let mut saved = self.key.lock().unwrap_or_else(|e| e.into_inner());
         let last = self.value.load(Ordering::Relaxed);
         let moved = if self.max {
@@ -471,12 +474,26 @@ impl SnapshotState {
         if !moved {
             return;
         }
-        if shared.take_snapshot().is_err() {
-            return;
-        }
         self.value.store(value, Ordering::Relaxed);
         saved.clear();
         saved.extend_from_slice(key);
         self.updated.store(true, Ordering::Release);
+        PENDING_SNAPSHOT.with(|p| p.set(Some(shared.clone())));
+    }
+}
+
+thread_local! {
+    /// A snapshot an action decided on while its record was being built.
+    static PENDING_SNAPSHOT: std::cell::Cell<Option<Arc<Shared>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Takes the snapshot an action of this thread decided on, if any: called by the trigger
+/// stage after the triggering record was committed or discarded.
+#[inline]
+pub(crate) fn run_deferred() {
+    let pending = PENDING_SNAPSHOT.try_with(|p| p.take()).ok().flatten();
+    if let Some(shared) = pending {
+        let _ = shared.take_snapshot();
     }
 }
