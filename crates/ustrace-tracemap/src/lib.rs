@@ -13,13 +13,17 @@
 //! # What it guarantees
 //!
 //! - `insert`, `lookup`, `add`, `set_val`, `val`, `set_var`, `var` and `take_var` take no lock,
-//!   allocate nothing and make no system call. Everything is allocated by [`TracingMap::new`].
+//!   allocate nothing and make no system call (one exception: a thread waiting for another to
+//!   publish a slot yields its CPU after a short spin, see below). Everything is allocated by
+//!   [`TracingMap::new`]; `tests/no_alloc.rs` checks the allocation claim.
 //! - A key is claimed at most once: two threads inserting the same new key at the same time get
 //!   the same element.
 //! - When the element pool is exhausted, `insert` of a new key returns `None` and counts a drop
 //!   ([`TracingMap::drops`]); existing keys keep being found and updated.
-//! - Every cross-thread access is an atomic operation, so the map is `Send + Sync` and no
-//!   interleaving of its methods can touch memory outside its preallocated arrays.
+//! - Every write to shared state is an atomic operation, so the map is `Send + Sync`, no
+//!   interleaving of its methods touches memory outside its preallocated arrays, and the only
+//!   plain (non-atomic) read is the slice [`Elt::key`] returns, whose bytes do not change while
+//!   it is used correctly (see "Clearing while writers run").
 //!
 //! # Design points kept from the kernel (`kernel/trace/tracing_map.c`, histogram-design.rst)
 //!
@@ -53,24 +57,36 @@
 //!   insert path can make, and only when another thread is between claiming and publishing a
 //!   slot with the same tag.
 //! - Keys are stored as 8-byte words, zero-padded, so comparing a key costs one compare per word.
+//! - All elements live in one array of words (the kernel allocates each element and its parts
+//!   separately and reaches them through pointers); an element is found from its slot's index
+//!   by arithmetic, with no pointer to load.
 //! - Variables carry a "set" bit; [`Elt::take_var`] clears it with one atomic operation and
 //!   returns the value, so a variable reference consumes the variable as the kernel's does.
 //!
 //! # Clearing while writers run
 //!
-//! [`TracingMap::clear`] is meant to run with writers paused (the hist trigger's `pause`/`clear`
-//! does so, as the kernel does with `synchronize_rcu`). If writers do run concurrently, nothing
-//! outside the map's arrays is touched and no operation panics or hangs, but the result is
-//! loose: an update racing with the clear can land in the cleared sums (counts may be torn),
-//! an element handed out before the clear can be handed out again for a new key after it, a
-//! key being inserted during the clear may or may not survive, and the key bytes of an [`Elt`]
-//! obtained before the clear can change under a caller that still holds it and the new claim
-//! rewrites them.
+//! The kernel clears a histogram with its writers paused. [`TracingMap::clear`] is also correct
+//! with writers running, in this sense: when it returns, and once the writers have stopped,
+//! the map is consistent — every published element sits in one slot under its own key, is found
+//! by `lookup`, and is counted by `len`. Claims of new keys never straddle a clear: a clear
+//! waits for those under way (a handful of instructions each) and blocks new ones, and a claim
+//! whose probe began before a clear probes again. What a concurrent clear does not give:
+//!
+//! - An update to an [`Elt`] obtained before the clear can land after the reset, in the zeroed
+//!   sums, even after the element is claimed again for another key: counts may be torn. A new
+//!   key inserted during the clear is refused (`None`, not counted as a drop).
+//! - An [`Elt`] held across the clear can be claimed again for another key; its [`Elt::key`]
+//!   slice then changes under its holder. Pause the writers (and do not keep `Elt`s across a
+//!   clear) to avoid both.
+//!
+//! `clear` itself takes a mutex (it only serialises clears) and may yield its CPU while it waits
+//! for a claim to finish; it is a control-path operation.
 
 #![warn(missing_docs)]
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// The shape of a map: fixed at [`TracingMap::new`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,6 +110,8 @@ pub enum MapError {
     TooManyElts(usize),
     /// `key_size` is 0: a map needs a key.
     EmptyKey,
+    /// `key_size` above `u32::MAX`, or `n_vals` or `n_vars` above `u16::MAX`.
+    FieldsTooLarge,
     /// The preallocation failed (the kernel's `ENOMEM`).
     NoMemory,
 }
@@ -106,6 +124,7 @@ impl fmt::Display for MapError {
                 write!(f, "map size {n} is above the maximum of {MAX_ELTS}")
             }
             MapError::EmptyKey => f.write_str("map key size is 0"),
+            MapError::FieldsTooLarge => f.write_str("map key or value count too large"),
             MapError::NoMemory => f.write_str("cannot allocate the map"),
         }
     }
@@ -132,27 +151,66 @@ pub struct TracingMap {
     table: Box<[AtomicU64]>,
     /// `log2(table.len())`: the slot index is the hash's top `table_bits` bits.
     table_bits: u32,
-    elts: Box<[Elt]>,
+    /// All elements, `stride` words each (see [`Elt`]), in one allocation.
+    elt_words: Box<[AtomicU64]>,
+    stride: usize,
+    /// Key words per element, kept here so the hot path need not decode an element's shape.
+    key_words: usize,
     /// Elements handed out; may run past `max_elts` by the number of racing failed claims.
     next_elt: AtomicUsize,
     drops: AtomicU64,
+    /// Inserts between deciding to claim and publishing (or giving the slot back).
+    claimers: AtomicUsize,
+    /// Odd while a clear runs; bumped twice by each clear, so a claim can tell that its probe
+    /// is older than the last clear.
+    clear_seq: AtomicUsize,
+    /// Serialises clears (control path only), so that `clear_seq` is odd exactly while one runs.
+    clear_lock: Mutex<()>,
+}
+
+/// What a claim came to.
+enum Claim<'a> {
+    /// Claimed (`Some`), or refused: the pool is exhausted or a clear is under way (`None`).
+    Done(Option<&'a Elt>),
+    /// Another thread took the slot first: its current word, to re-examine.
+    Taken(u64),
+    /// A clear ran since the probe started: probe again.
+    Stale,
+}
+
+/// Holds `claimers` up for the length of one claim.
+struct ClaimGuard<'a>(&'a AtomicUsize);
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// One element: a key, its sums and its variables. Obtained from [`TracingMap::insert`],
 /// [`TracingMap::lookup`] or [`TracingMap::for_each`].
+///
+/// It is a view of `stride` words of the map's one element array:
+/// `[shape][key words][vals][vars][var set bits]`. The shape word (written once by
+/// [`TracingMap::new`]) lets the element find its parts without a pointer back to the map, so
+/// reaching an element from its slot is arithmetic, not a load.
+#[repr(transparent)]
 pub struct Elt {
-    /// `[key words][vals][vars][var set bits]`, one allocation per element.
-    words: Box<[AtomicU64]>,
-    key_size: u32,
-    key_words: u32,
-    n_vals: u32,
-    n_vars: u32,
+    words: [AtomicU64],
 }
+
+/// An element's shape word: key size in bits 0..32, `n_vals` in 32..48, `n_vars` in 48..64.
+fn shape_word(cfg: &MapConfig) -> u64 {
+    cfg.key_size as u64 | (cfg.n_vals as u64) << 32 | (cfg.n_vars as u64) << 48
+}
+
+/// Words before an element's key: the shape word.
+const KEY_AT: usize = 1;
 
 impl fmt::Debug for Elt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let vals: Vec<u64> = (0..self.n_vals as usize).map(|i| self.val(i)).collect();
-        let vars: Vec<Option<u64>> = (0..self.n_vars as usize).map(|i| self.var(i)).collect();
+        let vals: Vec<u64> = (0..self.n_vals()).map(|i| self.val(i)).collect();
+        let vars: Vec<Option<u64>> = (0..self.n_vars()).map(|i| self.var(i)).collect();
         f.debug_struct("Elt")
             .field("key", &self.key())
             .field("vals", &vals)
@@ -209,42 +267,60 @@ fn hash_key(key: &[u8]) -> u64 {
 }
 
 impl Elt {
-    fn new(cfg: &MapConfig) -> Result<Elt, MapError> {
-        let key_words = cfg.key_size.div_ceil(8);
-        let set_words = cfg.n_vars.div_ceil(64);
-        let n = key_words
-            .checked_add(cfg.n_vals)
-            .and_then(|n| n.checked_add(cfg.n_vars))
-            .and_then(|n| n.checked_add(set_words))
-            .ok_or(MapError::NoMemory)?;
-        let narrow = |v: usize| u32::try_from(v).map_err(|_| MapError::NoMemory);
-        let mut words = Vec::new();
-        words.try_reserve_exact(n).map_err(|_| MapError::NoMemory)?;
-        words.resize_with(n, || AtomicU64::new(0));
-        Ok(Elt {
-            words: words.into_boxed_slice(),
-            key_size: narrow(cfg.key_size)?,
-            key_words: narrow(key_words)?,
-            n_vals: narrow(cfg.n_vals)?,
-            n_vars: narrow(cfg.n_vars)?,
-        })
+    /// The element at `words` (`stride` words starting with a shape word).
+    fn from_words(words: &[AtomicU64]) -> &Elt {
+        // SAFETY: `Elt` is `repr(transparent)` over `[AtomicU64]`, so the two unsized types
+        // have the same layout and pointer metadata (the slice length); the returned reference
+        // borrows `words` for the same lifetime.
+        unsafe { &*(words as *const [AtomicU64] as *const Elt) }
     }
 
-    /// The key bytes, `key_size` long.
+    #[inline(always)]
+    fn shape(&self) -> u64 {
+        // Written once before the map is shared; never changes.
+        self.words[0].load(Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    fn key_size(&self) -> usize {
+        self.shape() as u32 as usize
+    }
+
+    #[inline(always)]
+    fn key_words(&self) -> usize {
+        self.key_size().div_ceil(8)
+    }
+
+    #[inline(always)]
+    fn n_vals(&self) -> usize {
+        (self.shape() >> 32) as u16 as usize
+    }
+
+    #[inline(always)]
+    fn n_vars(&self) -> usize {
+        (self.shape() >> 48) as usize
+    }
+
+    /// The key bytes, `key_size` long. Stable for as long as the element is not claimed
+    /// again after a [`TracingMap::clear`].
     pub fn key(&self) -> &[u8] {
-        let words = &self.words[..self.key_words as usize];
+        let words = &self.words[KEY_AT..KEY_AT + self.key_words()];
         // SAFETY: `words` is `key_words` initialised `AtomicU64`s, which have the size and
         // layout of `u64`, so its first `key_size <= 8 * key_words` bytes are in bounds and
         // initialised. The key words are written only by the insert that claims this element,
         // before it publishes the element with a release store that every way of reaching an
-        // `&Elt` observes with an acquire load; so no write races with this read, except after
-        // a `clear` run concurrently with writers, which the module documentation rules out.
-        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), self.key_size as usize) }
+        // `&Elt` observes with an acquire load, and no claim overlaps a clear; so no write
+        // races with this read unless the caller keeps this `&Elt` across a `clear` while
+        // writers claim the element again — the one misuse the module documentation warns of,
+        // where the bytes read are some mix of two keys, still inside this element.
+        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), self.key_size()) }
     }
 
+    /// Whether the key is `key`, `key_words` words long (the map passes its own count, so the
+    /// hot path does not decode the shape word).
     #[inline(always)]
-    fn key_eq(&self, key: &[u8]) -> bool {
-        let words = &self.words[..self.key_words as usize];
+    fn key_eq(&self, key: &[u8], key_words: usize) -> bool {
+        let words = &self.words[KEY_AT..KEY_AT + key_words];
         words
             .iter()
             .enumerate()
@@ -252,25 +328,23 @@ impl Elt {
     }
 
     fn write_key(&self, key: &[u8]) {
-        for (i, w) in self.words[..self.key_words as usize].iter().enumerate() {
+        let words = &self.words[KEY_AT..KEY_AT + self.key_words()];
+        for (i, w) in words.iter().enumerate() {
             w.store(key_word(key, i), Ordering::Relaxed);
         }
     }
 
     #[inline(always)]
     fn val_slot(&self, val: usize) -> &AtomicU64 {
-        assert!(val < self.n_vals as usize, "value index {val} out of range");
-        &self.words[self.key_words as usize + val]
+        assert!(val < self.n_vals(), "value index {val} out of range");
+        &self.words[KEY_AT + self.key_words() + val]
     }
 
     #[inline(always)]
     fn var_slot(&self, var: usize) -> (&AtomicU64, &AtomicU64, u64) {
-        assert!(
-            var < self.n_vars as usize,
-            "variable index {var} out of range"
-        );
-        let vars = self.key_words as usize + self.n_vals as usize;
-        let bits = vars + self.n_vars as usize;
+        assert!(var < self.n_vars(), "variable index {var} out of range");
+        let vars = KEY_AT + self.key_words() + self.n_vals();
+        let bits = vars + self.n_vars();
         (
             &self.words[vars + var],
             &self.words[bits + var / 64],
@@ -340,7 +414,7 @@ impl Elt {
 
     /// Zeroes sums and variables (the key is rewritten by the next claim).
     fn reset(&self) {
-        for w in &self.words[self.key_words as usize..] {
+        for w in &self.words[KEY_AT + self.key_words()..] {
             w.store(0, Ordering::Relaxed);
         }
     }
@@ -364,19 +438,33 @@ impl TracingMap {
             .try_reserve_exact(slots)
             .map_err(|_| MapError::NoMemory)?;
         table.resize_with(slots, || AtomicU64::new(0));
-        let mut elts = Vec::new();
-        elts.try_reserve_exact(cfg.max_elts)
-            .map_err(|_| MapError::NoMemory)?;
-        for _ in 0..cfg.max_elts {
-            elts.push(Elt::new(&cfg)?);
+        if cfg.key_size > u32::MAX as usize
+            || cfg.n_vals > u16::MAX as usize
+            || cfg.n_vars > u16::MAX as usize
+        {
+            return Err(MapError::FieldsTooLarge);
         }
+        let key_words = cfg.key_size.div_ceil(8);
+        let stride = KEY_AT + key_words + cfg.n_vals + cfg.n_vars + cfg.n_vars.div_ceil(64);
+        let n = stride.checked_mul(cfg.max_elts).ok_or(MapError::NoMemory)?;
+        let mut elt_words = Vec::new();
+        elt_words
+            .try_reserve_exact(n)
+            .map_err(|_| MapError::NoMemory)?;
+        let shape = shape_word(&cfg);
+        elt_words.extend((0..n).map(|i| AtomicU64::new(if i % stride == 0 { shape } else { 0 })));
         Ok(TracingMap {
             table_bits: slots.trailing_zeros(),
             cfg,
             table: table.into_boxed_slice(),
-            elts: elts.into_boxed_slice(),
+            elt_words: elt_words.into_boxed_slice(),
+            stride,
+            key_words,
             next_elt: AtomicUsize::new(0),
             drops: AtomicU64::new(0),
+            claimers: AtomicUsize::new(0),
+            clear_seq: AtomicUsize::new(0),
+            clear_lock: Mutex::new(()),
         })
     }
 
@@ -386,16 +474,17 @@ impl TracingMap {
     }
 
     /// Finds `key`'s element or claims a new one for it. `None` when the pool is exhausted (a
-    /// drop is counted) or `key` is not `key_size` bytes long (not counted: a caller bug).
+    /// drop is counted), when a new key meets a [`clear`](Self::clear) under way, or when `key`
+    /// is not `key_size` bytes long (neither counted).
     #[inline]
     pub fn insert(&self, key: &[u8]) -> Option<&Elt> {
-        self.find(key, true)
+        self.find::<true>(key)
     }
 
     /// Finds `key`'s element; never claims one.
     #[inline]
     pub fn lookup(&self, key: &[u8]) -> Option<&Elt> {
-        self.find(key, false)
+        self.find::<false>(key)
     }
 
     /// New keys refused because the pool was exhausted, since creation or the last `clear`.
@@ -417,17 +506,34 @@ impl TracingMap {
     /// is freed or allocated. Pause writers first (see the module documentation for what a
     /// concurrent writer can observe).
     pub fn clear(&self) {
+        // Stop new claims and wait out those under way, so that no claim straddles the reset:
+        // one would publish an element the reset has handed back to the pool, and the element
+        // would end up in two slots under two keys. Claims are short and never wait for a
+        // clear, so this wait is short too. SeqCst on both sides (here and in `claim`): either
+        // the claim sees the odd `clear_seq` or this loop sees the claim.
+        let _serial = self.clear_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.clear_seq.fetch_add(1, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while self.claimers.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < SPINS_BEFORE_YIELD {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
         // Slots first, so that no new lookup reaches an element being zeroed.
         for slot in self.table.iter() {
             slot.store(0, Ordering::Relaxed);
         }
         let used = self.len();
-        for elt in &self.elts[..used] {
-            elt.reset();
+        for i in 0..used {
+            self.elt(i).reset();
         }
         self.drops.store(0, Ordering::Relaxed);
         // Release: a claim that takes an element after this sees it zeroed.
         self.next_elt.store(0, Ordering::Release);
+        self.clear_seq.fetch_add(1, Ordering::Release);
     }
 
     /// Calls `f` on every claimed and published element, in table order.
@@ -436,13 +542,19 @@ impl TracingMap {
             let word = slot.load(Ordering::Acquire);
             let idx = (word & IDX_MASK) as usize;
             if idx != 0 {
-                f(&self.elts[idx - 1]);
+                f(self.elt(idx - 1));
             }
         }
     }
 
+    /// Element `i` of the pool.
+    #[inline(always)]
+    fn elt(&self, i: usize) -> &Elt {
+        Elt::from_words(&self.elt_words[i * self.stride..(i + 1) * self.stride])
+    }
+
     #[inline]
-    fn find(&self, key: &[u8], claim: bool) -> Option<&Elt> {
+    fn find<const CLAIM: bool>(&self, key: &[u8]) -> Option<&Elt> {
         if key.len() != self.cfg.key_size {
             debug_assert!(
                 false,
@@ -456,79 +568,107 @@ impl TracingMap {
         // Never 0: a tag of 0 marks a free slot.
         let tag = (hash as u32 | 1) as u64;
         let mask = self.table.len() - 1;
-        let mut idx = (hash >> (64 - self.table_bits)) as usize;
-        for _ in 0..self.table.len() {
-            let slot = &self.table[idx];
-            let mut word = slot.load(Ordering::Acquire);
-            let mut spins = 0u32;
-            loop {
-                if word == 0 {
-                    if !claim {
-                        return None;
-                    }
-                    match self.claim(slot, tag, key) {
-                        Ok(elt) => return elt,
-                        Err(now) => {
-                            word = now;
-                            continue;
+        'probe: loop {
+            // Which clear generation this probe walks; a claim checks it is still current.
+            let seq = if CLAIM {
+                self.clear_seq.load(Ordering::Acquire)
+            } else {
+                0
+            };
+            let mut idx = (hash >> (64 - self.table_bits)) as usize;
+            for _ in 0..self.table.len() {
+                let slot = &self.table[idx];
+                let mut word = slot.load(Ordering::Acquire);
+                let mut spins = 0u32;
+                loop {
+                    if word == 0 {
+                        if !CLAIM {
+                            return None;
+                        }
+                        match self.claim(slot, tag, key, seq) {
+                            Claim::Done(elt) => return elt,
+                            Claim::Taken(now) => {
+                                word = now;
+                                continue;
+                            }
+                            Claim::Stale => continue 'probe,
                         }
                     }
-                }
-                if word >> TAG_SHIFT != tag {
+                    if word >> TAG_SHIFT != tag {
+                        break;
+                    }
+                    let elt_idx = (word & IDX_MASK) as usize;
+                    if elt_idx == 0 {
+                        // Another thread claimed this slot for a key with our tag and is
+                        // writing the key: wait for it, or it could be our key and we would
+                        // claim it twice.
+                        spins += 1;
+                        if spins < SPINS_BEFORE_YIELD {
+                            std::hint::spin_loop();
+                        } else {
+                            // The publisher may have been preempted; give it the CPU.
+                            std::thread::yield_now();
+                        }
+                        word = slot.load(Ordering::Acquire);
+                        continue;
+                    }
+                    let elt = self.elt(elt_idx - 1);
+                    if elt.key_eq(key, self.key_words) {
+                        return Some(elt);
+                    }
                     break;
                 }
-                let elt_idx = (word & IDX_MASK) as usize;
-                if elt_idx == 0 {
-                    // Another thread claimed this slot for a key with our tag and is writing
-                    // the key: wait for it, or it could be our key and we would claim it twice.
-                    spins += 1;
-                    if spins < SPINS_BEFORE_YIELD {
-                        std::hint::spin_loop();
-                    } else {
-                        // The publisher may have been preempted; give it the CPU.
-                        std::thread::yield_now();
-                    }
-                    word = slot.load(Ordering::Acquire);
-                    continue;
-                }
-                let elt = &self.elts[elt_idx - 1];
-                if elt.key_eq(key) {
-                    return Some(elt);
-                }
-                break;
+                idx = (idx + 1) & mask;
             }
-            idx = (idx + 1) & mask;
+            // Every slot taken by other tags: cannot happen with at most `max_elts` claimed of
+            // `2 * max_elts` slots, as slots are freed only by a clear.
+            if CLAIM {
+                self.drops.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
         }
-        // Every slot taken by other tags: cannot happen with at most `max_elts` claimed of
-        // `2 * max_elts` slots unless a concurrent clear scrambled the table.
-        if claim {
-            self.drops.fetch_add(1, Ordering::Relaxed);
-        }
-        None
     }
 
-    /// Claims the free `slot` for `key`. `Ok(None)` when the pool is exhausted; `Err(word)`
-    /// when another thread took the slot first (its current word, to re-examine).
+    /// Claims the free `slot` for `key`, found by a probe that started in clear generation
+    /// `seq`.
     #[cold]
-    fn claim(&self, slot: &AtomicU64, tag: u64, key: &[u8]) -> Result<Option<&Elt>, u64> {
+    fn claim(&self, slot: &AtomicU64, tag: u64, key: &[u8], seq: usize) -> Claim<'_> {
+        // Checked before touching the shared `claimers`, so a full map costs one shared load.
         if self.next_elt.load(Ordering::Relaxed) >= self.cfg.max_elts {
             self.drops.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+            return Claim::Done(None);
         }
-        slot.compare_exchange(0, tag << TAG_SHIFT, Ordering::Acquire, Ordering::Acquire)?;
+        self.claimers.fetch_add(1, Ordering::SeqCst);
+        let _guard = ClaimGuard(&self.claimers);
+        let now = self.clear_seq.load(Ordering::SeqCst);
+        if now & 1 == 1 {
+            // A clear is under way: the event is lost, as one arriving just before it would be
+            // wiped; not a drop (the clear resets those).
+            return Claim::Done(None);
+        }
+        if now != seq {
+            // A clear ran since the probe started: the slots it walked past may be free now,
+            // so claiming here could hide the key from lookups or claim it twice. Probe again.
+            return Claim::Stale;
+        }
+        if let Err(now) =
+            slot.compare_exchange(0, tag << TAG_SHIFT, Ordering::Acquire, Ordering::Acquire)
+        {
+            return Claim::Taken(now);
+        }
         // Acquire pairs with clear's release, so the element is seen zeroed.
         let n = self.next_elt.fetch_add(1, Ordering::Acquire);
         if n >= self.cfg.max_elts {
             // Lost the race for the last element: give the slot back, as the kernel does.
             slot.store(0, Ordering::Release);
             self.drops.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+            return Claim::Done(None);
         }
-        let elt = &self.elts[n];
+        let elt = self.elt(n);
         elt.write_key(key);
         // Release: whoever sees the index sees the key written above.
         slot.store((tag << TAG_SHIFT) | (n as u64 + 1), Ordering::Release);
-        Ok(Some(elt))
+        Claim::Done(Some(elt))
     }
 }
 
@@ -544,6 +684,13 @@ mod tests {
             n_vars,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn map_and_elements_cross_threads() {
+        fn send_sync<T: Send + Sync + ?Sized>() {}
+        send_sync::<TracingMap>();
+        send_sync::<Elt>();
     }
 
     #[test]
@@ -567,6 +714,11 @@ mod tests {
             MapError::TooManyElts(MAX_ELTS * 2)
         );
         assert_eq!(TracingMap::new(cfg(4, 0)).unwrap_err(), MapError::EmptyKey);
+        let wide = MapConfig {
+            n_vars: 1 << 16,
+            ..cfg(4, 8)
+        };
+        assert_eq!(TracingMap::new(wide).unwrap_err(), MapError::FieldsTooLarge);
         assert!(TracingMap::new(cfg(1, 1)).is_ok());
     }
 
@@ -721,13 +873,14 @@ mod tests {
         }
     }
 
-    #[test]
-    fn hash_spreads_small_integers() {
-        // Sequential pids must not pile into a few slots: count the longest probe run.
-        let m = map(1024, 4, 1, 0);
-        for k in 0u32..1024 {
-            m.insert(&k.to_ne_bytes()).unwrap();
+    /// The longest run of occupied slots (wrapping) once `keys` are inserted into a map of
+    /// exactly `keys.len()` elements, i.e. at the table's full load of one half.
+    fn longest_run(keys: &[Vec<u8>]) -> usize {
+        let m = map(keys.len(), keys[0].len(), 1, 0);
+        for k in keys {
+            m.insert(k).unwrap();
         }
+        assert_eq!(m.len(), keys.len());
         let used: Vec<bool> = m
             .table
             .iter()
@@ -739,6 +892,56 @@ mod tests {
             run = if *u { run + 1 } else { 0 };
             longest = longest.max(run);
         }
-        assert!(longest < 40, "longest occupied run {longest}");
+        longest
+    }
+
+    #[test]
+    fn hash_spreads_typical_hist_keys() {
+        // Common hist keys have little entropy in few bits: sequential pids, page- and
+        // cache-line-aligned addresses, compound keys differing in one field, short strings.
+        // None may pile into a few slots. At half load, linear probing's longest run is
+        // typically 15-25 slots for 2048 slots with a good hash; a poor one gives hundreds.
+        let n = 1024u64;
+        let patterns: [(&str, Vec<Vec<u8>>); 5] = [
+            (
+                "pids",
+                (0..n).map(|k| (k as u32).to_ne_bytes().to_vec()).collect(),
+            ),
+            (
+                "pages",
+                (0..n).map(|k| (k << 12).to_ne_bytes().to_vec()).collect(),
+            ),
+            (
+                "pointers",
+                (0..n)
+                    .map(|k| (0x7fff_0000_0000 + k * 64).to_ne_bytes().to_vec())
+                    .collect(),
+            ),
+            (
+                "compound",
+                (0..n)
+                    .map(|k| {
+                        let mut v = 4242u64.to_ne_bytes().to_vec();
+                        v.extend_from_slice(&(k * 8).to_ne_bytes());
+                        v.extend_from_slice(&7u64.to_ne_bytes());
+                        v
+                    })
+                    .collect(),
+            ),
+            (
+                "strings",
+                (0..n)
+                    .map(|k| {
+                        let mut v = format!("worker-{k}").into_bytes();
+                        v.resize(16, 0);
+                        v
+                    })
+                    .collect(),
+            ),
+        ];
+        for (name, keys) in &patterns {
+            let longest = longest_run(keys);
+            assert!(longest < 48, "{name}: longest occupied run {longest}");
+        }
     }
 }

@@ -12,6 +12,16 @@
 //!
 //! What runs on each record is the hist stage ([`crate::stage::hist`]); this floor only
 //! sets it up and reads it back (the `hist` file, [`show`]).
+//!
+//! # Where inter-event support plugs in
+//!
+//! - [`FileEnv`]'s `HistEnv::find_var` resolves `$var` (and `system.event.$var`) to a
+//!   variable of another registered trigger; without it every reference is "Couldn't find
+//!   variable", as on a kernel where no trigger defines it.
+//! - [`create_actions`] turns the parsed `onmatch`/`onmax`/`onchange` handlers and the
+//!   variable references into the histogram's [`HistHooks`] and extra variable slots,
+//!   after the trigger is known not to exist yet (the kernel's `create_actions` runs
+//!   there too). Until it exists, a trigger with handlers or references is refused.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -235,6 +245,21 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
     }
     if list.len() >= MAX_TRIGGERS {
         return Err(Errno::ENOSPC);
+    }
+    if data.enable_timestamps {
+        // As the kernel, a trigger that uses timestamps sets the instance's clock to its
+        // `clock=` (default `global`), which clears the buffer when it changes.
+        let Some(clock) = ustrace_ringbuf::clock::Clock::from_name(&data.attrs.clock) else {
+            return fail(
+                HistErrorKind::SetClockFail,
+                data.errpos(&data.attrs.clock),
+                syntax::EINVAL,
+            );
+        };
+        if clock != instance.buffer().clock() {
+            instance.buffer().set_clock(clock);
+            instance.reset_buffer();
+        }
     }
     let paused = data.attrs.pause;
     let hist = match named_hist {

@@ -1144,14 +1144,14 @@ impl Parser<'_> {
             expr.size = 8;
             expr.c_type = "u64".into();
             expr.operator = Op::None;
-            expr.name = Some(print::expr_str(&expr));
+            expr.name = print::expr_str(&expr);
             return Ok(expr);
         }
         expr.size = op1.size;
         expr.signed = op1.signed;
         expr.c_type = op1.c_type.clone();
         expr.operands = vec![op1, op2];
-        expr.name = Some(print::expr_str(&expr));
+        expr.name = print::expr_str(&expr);
         Ok(expr)
     }
 
@@ -1191,7 +1191,7 @@ impl Parser<'_> {
         expr.signed = op1.signed;
         expr.c_type = op1.c_type.clone();
         expr.operands = vec![op1];
-        expr.name = Some(print::expr_str(&expr));
+        expr.name = print::expr_str(&expr);
         Ok(expr)
     }
 

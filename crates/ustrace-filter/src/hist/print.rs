@@ -80,28 +80,40 @@ fn expr_field_str(f: &HistField, out: &mut String) {
     }
 }
 
-/// The name of an expression field (`expr_str`).
-pub(crate) fn expr_str(f: &HistField) -> String {
+/// The name of an expression field (`expr_str`); `None` where the kernel gets none (an
+/// operand that is itself a `.log2` or `.buckets` field, or nesting past one level).
+pub(crate) fn expr_str(f: &HistField) -> Option<String> {
+    expr_str_at(f, 0)
+}
+
+fn expr_str_at(f: &HistField, level: u32) -> Option<String> {
+    if level > 1 {
+        return None;
+    }
     let mut out = String::new();
     if f.operands.is_empty() {
         expr_field_str(f, &mut out);
-        return out;
+        return Some(out);
     }
     if f.operator == Op::UnaryMinus {
         out.push_str("-(");
-        out.push_str(&expr_str(&f.operands[0]));
+        out.push_str(&expr_str_at(&f.operands[0], level + 1)?);
         out.push(')');
-        return out;
+        return Some(out);
     }
-    expr_field_str(&f.operands[0], &mut out);
+    let (Some(a), Some(b)) = (f.operands.first(), f.operands.get(1)) else {
+        return None;
+    };
+    expr_field_str(a, &mut out);
     out.push(match f.operator {
         Op::Minus => '-',
         Op::Plus => '+',
         Op::Div => '/',
-        _ => '*',
+        Op::Mult => '*',
+        _ => return None,
     });
-    expr_field_str(&f.operands[1], &mut out);
-    out
+    expr_field_str(b, &mut out);
+    Some(out)
 }
 
 /// One field as the `trigger info` line shows it (`hist_field_print`).

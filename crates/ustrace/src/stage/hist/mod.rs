@@ -49,8 +49,40 @@ use crate::event::field::read_int;
 
 pub use syntax::{KEY_SIZE_MAX, STACKTRACE_DEPTH, STR_MAX};
 
-/// Frames of ustrace itself above the probe when a stacktrace key is taken.
-const STACK_SKIP: usize = 4;
+/// Frames of ustrace's record path above the probe's caller when a stacktrace key is
+/// taken: found once, by name, on the first such key (the kernel skips a fixed count of its
+/// own frames; ours depend on inlining). `usize::MAX` until then.
+static STACK_SKIP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
+
+/// Whether a frame belongs to the record path rather than to the traced program: ustrace
+/// itself, the thread-local access of its scratch buffer, and the probe functions the
+/// event macros generate.
+fn is_record_path(name: &str) -> bool {
+    name.starts_with("ustrace::")
+        || name.starts_with("<ustrace")
+        || name.starts_with("std::thread::local::")
+        || name.contains("::__attach::")
+        || name.contains("::__call_probes")
+}
+
+/// How many frames (from the caller of [`fill_stack`]) belong to the record path.
+#[cold]
+#[inline(never)]
+fn calibrate_stack_skip() -> usize {
+    let mut frames = [0usize; 64];
+    let n = ustrace_inspect::stack::capture(1, &mut frames);
+    let inventory = ustrace_inspect::symbols::inventory();
+    let skip = frames[..n]
+        .iter()
+        .position(|&addr| {
+            inventory
+                .lookup(addr)
+                .is_none_or(|(sym, _)| !is_record_path(&sym.name))
+        })
+        .unwrap_or(0);
+    STACK_SKIP.store(skip, Ordering::Relaxed);
+    skip
+}
 
 /// What inter-event support adds to a histogram's update (see the module doc).
 pub trait HistHooks: Send + Sync {
@@ -180,7 +212,8 @@ impl Ev {
             } => read_int(ctx.record, *offset, *size, *signed),
             Ev::Timestamp => {
                 let ns = ustrace_ringbuf::clock::now(ctx.clock);
-                if ctx.usecs {
+                // `.usecs` converts only a clock that counts nanoseconds, as the kernel's.
+                if ctx.usecs && ctx.clock.in_nanos() {
                     (ns + 500) / 1000
                 } else {
                     ns
@@ -491,12 +524,21 @@ fn copy_str(record: &[u8], src: StrSrc, slot: &mut [u8]) {
     slot[..n].copy_from_slice(&bytes[..n]);
 }
 
-/// Fills a stacktrace key: the calling thread's return addresses, or a `__data_loc`
+/// Fills a stacktrace key: the calling thread's return addresses (from the function that
+/// hit the tracepoint outwards), or a `__data_loc`
 /// array of addresses in the record (`field.stacktrace`).
+#[inline(never)]
 fn fill_stack(record: &[u8], field: Option<usize>, slot: &mut [u8]) {
     let mut frames = [0usize; STACKTRACE_DEPTH];
     let n = match field {
-        None => ustrace_inspect::stack::capture(STACK_SKIP, &mut frames),
+        None => {
+            let skip = match STACK_SKIP.load(Ordering::Relaxed) {
+                usize::MAX => calibrate_stack_skip(),
+                skip => skip,
+            };
+            // Frame 0 is this function, as in the calibration.
+            ustrace_inspect::stack::capture(skip, &mut frames)
+        }
         Some(offset) => {
             let bytes = crate::event::field::data_loc_bytes(record, offset).unwrap_or(&[]);
             let mut n = 0;
@@ -542,5 +584,106 @@ impl Attached {
             return;
         }
         self.hist.update(record, clock);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ustrace_filter::hist::{EventField, HistEnv};
+    use ustrace_ringbuf::clock::Clock;
+
+    /// A wakeup-like event: `pid` (int) at 8, `prio` (int) at 12, `delay` (u64) at 16.
+    struct Wakeup;
+
+    impl HistEnv for Wakeup {
+        fn event(&self) -> (&str, &str) {
+            ("sched", "wakeup")
+        }
+        fn field(&self, name: &str) -> Option<EventField> {
+            let f = |name: &str, c_type: &str, offset, size, signed| EventField {
+                name: name.into(),
+                c_type: c_type.into(),
+                offset,
+                size,
+                signed,
+            };
+            [
+                f("common_pid", "int", 4, 4, true),
+                f("pid", "int", 8, 4, true),
+                f("prio", "int", 12, 4, true),
+                f("delay", "u64", 16, 8, false),
+            ]
+            .into_iter()
+            .find(|f| f.name == name)
+        }
+    }
+
+    fn record(pid: i32, prio: i32, delay: u64) -> [u8; 24] {
+        let mut r = [0u8; 24];
+        r[4..8].copy_from_slice(&pid.to_ne_bytes());
+        r[8..12].copy_from_slice(&pid.to_ne_bytes());
+        r[12..16].copy_from_slice(&prio.to_ne_bytes());
+        r[16..24].copy_from_slice(&delay.to_ne_bytes());
+        r
+    }
+
+    fn hist(spec: &str) -> Hist {
+        let data = ustrace_filter::hist::parse(spec, &Wakeup, false).unwrap();
+        Hist::new(data, 0, None).unwrap()
+    }
+
+    #[test]
+    fn variables_are_stored_in_the_element_of_the_key() {
+        let h = hist("keys=pid:ts0=common_timestamp.usecs,d=delay*2+1,p=$pid_alias:pid_alias=prio");
+        // `p=$pid_alias` names a plain-field variable of the same trigger: it reads `prio`.
+        let before = ustrace_ringbuf::clock::now(Clock::Mono) / 1000;
+        h.update(&record(7, 120, 10), Clock::Mono);
+        h.update(&record(8, 99, 3), Clock::Mono);
+        h.update(&record(7, 110, 20), Clock::Mono);
+        let after = ustrace_ringbuf::clock::now(Clock::Mono) / 1000 + 1;
+        let idx = |name: &str| {
+            h.data
+                .fields
+                .iter()
+                .find(|f| f.var_name.as_deref() == Some(name))
+                .unwrap()
+                .var_idx
+        };
+        // Keys are 8-byte slots: the int pid is sign-extended into one.
+        let key = (7i64 as u64).to_ne_bytes();
+        let elt = h.map.lookup(&key).unwrap();
+        assert_eq!(elt.val(0), 2);
+        let ts = elt.var(idx("ts0")).unwrap();
+        assert!(
+            (before..=after).contains(&ts),
+            "{before} <= {ts} <= {after}"
+        );
+        assert_eq!(elt.var(idx("d")), Some(41));
+        assert_eq!(elt.var(idx("p")), Some(110));
+        assert_eq!(elt.var(idx("pid_alias")), Some(110));
+        let other = h.map.lookup(&(8i64 as u64).to_ne_bytes()).unwrap();
+        assert_eq!(other.var(idx("d")), Some(7));
+        // A variable is a slot of the element, not a sum: nothing else reads it as one.
+        assert_eq!(h.data.n_sums(), 1);
+    }
+
+    #[test]
+    fn signed_fields_and_log2_keys_fill_eight_byte_slots() {
+        let h = hist("keys=prio,delay.log2:vals=delay");
+        h.update(&record(1, -5, 1000), Clock::Mono);
+        let mut key = [0u8; 16];
+        key[..8].copy_from_slice(&(-5i64 as u64).to_ne_bytes());
+        key[8..].copy_from_slice(&10u64.to_ne_bytes());
+        let elt = h.map.lookup(&key).unwrap();
+        assert_eq!((elt.val(0), elt.val(1)), (1, 1000));
+    }
+
+    #[test]
+    fn log2_rounds_up_as_the_kernel() {
+        let got: Vec<u64> = [0, 1, 2, 3, 4, 5, 1024, 1025, u64::MAX]
+            .map(log2_roundup)
+            .to_vec();
+        assert_eq!(got, [0, 0, 1, 2, 2, 3, 10, 11, 0]);
     }
 }
