@@ -32,6 +32,12 @@ const SUPPORTED: &[&str] = &[
     "e[:[<group>/][<event>]] <attached-group>.<attached-event> [<args>]",
     // dynevent/eprobes_syntax_errors.tc, newer add_remove_eprobe.tc
     "<attached-group>.<attached-event> [<args>]",
+    // dynevent/add_remove_synth.tc, trigger-synthetic_event_syntax_errors.tc,
+    // trigger-synthetic-event-syntax.tc (the kernel's README since 6.4 reads
+    // "char name[]; long[] stack'", which the older dynstring test's pattern misses)
+    "s:[synthetic/]",
+    "' >> synthetic_events",
+    "long[]",
     // eprobes_syntax_errors.tc greps this to test `if` filters
     "[if <filter>]",
     // event/event-mod.tc
@@ -50,12 +56,6 @@ const SUPPORTED: &[&str] = &[
     "<trigger>[:count][if <filter>]",
     "enable_event:<system>:<event>",
     "disable_event:<system>:<event>",
-    // dynevent/add_remove_synth.tc, trigger-synthetic_event_syntax_errors.tc,
-    // trigger-synthetic-event-syntax.tc (the kernel's README since 6.4 reads
-    // "char name[]; long[] stack'", which the older dynstring test's pattern misses)
-    "s:[synthetic/]",
-    "' >> synthetic_events",
-    "long[]",
     // trigger/trigger-hist*.tc and the hist lines of the kernel's README
     "hist trigger",
     "enable_hist:<system>:<event>",

@@ -69,6 +69,11 @@ pub trait EventClass: Send + Sync + 'static {
     fn render_line(&self, _record: &[u8], _out: &mut String) -> bool {
         false
     }
+    /// [`EventClass::render_line`] knowing the instance's `verbose` option, for events
+    /// whose lines change with it (synthetic events then show each value's conversion).
+    fn render_line_verbose(&self, record: &[u8], out: &mut String, _verbose: bool) -> bool {
+        self.render_line(record, out)
+    }
 }
 
 /// An event defined with [`trace_event!`](crate::trace_event): everything is known at

@@ -491,7 +491,11 @@ fn format_entry(
         return;
     }
     match registered {
-        Some(ev) if ev.class.render_line(record, out) => {
+        Some(ev)
+            if ev
+                .class
+                .render_line_verbose(record, out, options.get("verbose")) =>
+        {
             if !out.ends_with('\n') {
                 out.push('\n');
             }

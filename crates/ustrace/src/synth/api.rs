@@ -151,19 +151,25 @@ impl SynthEventCmd {
 /// added this way too.
 pub struct SynthTrace<'s, 'v> {
     event: &'s Synthetic,
+    /// One instance's file, or every instance that has the event on.
+    file: Option<&'s crate::trace::EventFile>,
     values: [SynthValue<'v>; SYNTH_FIELDS_MAX],
     next: usize,
     by_name: bool,
 }
 
 impl<'s, 'v> SynthTrace<'s, 'v> {
-    pub(super) fn new(event: &'s Synthetic) -> SynthTrace<'s, 'v> {
+    pub(super) fn new(
+        event: &'s Synthetic,
+        file: Option<&'s crate::trace::EventFile>,
+    ) -> SynthTrace<'s, 'v> {
         let mut values = [SynthValue::U64(0); SYNTH_FIELDS_MAX];
         for (slot, field) in values.iter_mut().zip(event.fields()) {
             *slot = field.zero();
         }
         SynthTrace {
             event,
+            file,
             values,
             next: 0,
             by_name: false,
@@ -190,9 +196,10 @@ impl<'s, 'v> SynthTrace<'s, 'v> {
         if self.next >= self.event.fields().len() {
             return Err(SynthError::TooManyValues);
         }
-        let at = self.next;
+        // A refused value does not use the field up: it can be given again.
+        self.set(self.next, value.into())?;
         self.next += 1;
-        self.set(at, value.into())
+        Ok(())
     }
 
     /// Sets the value of the field named `name` (`synth_event_add_val`).
@@ -212,10 +219,13 @@ impl<'s, 'v> SynthTrace<'s, 'v> {
     }
 
     /// Records the event with the values added (`synth_event_trace_end`), into every
-    /// instance that has it enabled.
+    /// instance that has it enabled (or the one instance of the file it was started on).
     pub fn end(self) -> Result<(), SynthError> {
-        let n = self.event.fields().len();
-        self.event.trace(&self.values[..n])
+        let values = &self.values[..self.event.fields().len()];
+        match self.file {
+            Some(file) => self.event.trace_file(file, values),
+            None => self.event.trace(values),
+        }
     }
 }
 

@@ -27,6 +27,9 @@
 //!
 //! Recording allocates nothing: the values are borrowed, the record is sized first and
 //! written in place. Off, [`Synthetic::trace`] costs the value check and one relaxed load.
+//! Recordings nested on one thread (a hist action on a synthetic event generating another)
+//! stop at [`MAX_NESTING`] levels, so a loop of actions drops records instead of
+//! overflowing the stack.
 
 mod api;
 mod record;
@@ -35,7 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
-use ustrace_filter::synth::{self as grammar, SynthCommand, SynthDef};
+use ustrace_filter::synth::{self as grammar, SynthCommand};
 
 use crate::event::{registry, Attachment, EventClass, EventId, FieldDesc};
 use crate::rcu::RcuCell;
@@ -45,7 +48,8 @@ use crate::tracefs::files::TextFile;
 pub use api::{create, delete, SynthEventCmd, SynthTrace};
 pub use record::{SynthField, MAX_DYN_STRING};
 pub use ustrace_filter::synth::{
-    SynthErrorKind, SynthFieldKind, STACK_DEPTH, STR_VAR_LEN_MAX, SYNTH_FIELDS_MAX, SYNTH_SYSTEM,
+    SynthDef, SynthErrorKind, SynthFieldDef, SynthFieldKind, STACK_DEPTH, STR_VAR_LEN_MAX,
+    SYNTH_FIELDS_MAX, SYNTH_SYSTEM,
 };
 
 /// One value of a synthetic event field.
@@ -194,6 +198,16 @@ pub struct Synthetic {
     me: Weak<Synthetic>,
 }
 
+impl std::fmt::Debug for Synthetic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Synthetic")
+            .field("name", &self.def.name)
+            .field("id", &self.id.get())
+            .field("fields", &self.layout.fields)
+            .finish()
+    }
+}
+
 /// Synthetic events in creation order (the order `synthetic_events` lists them). Also
 /// serializes creation and removal.
 static SYNTHS: Mutex<Vec<Arc<Synthetic>>> = Mutex::new(Vec::new());
@@ -310,6 +324,9 @@ impl Synthetic {
     /// Writes checked values to every attached file.
     #[inline]
     fn emit(&self, values: &[SynthValue<'_>]) {
+        let Some(_nested) = Nested::enter() else {
+            return;
+        };
         let guard = crate::rcu::read_lock();
         let Some(files) = self.files.get(&guard) else {
             return;
@@ -325,13 +342,130 @@ impl Synthetic {
     /// Starts a piecewise trace (`synth_event_trace_start`): add the values one after the
     /// other or by name, then [`SynthTrace::end`] records them.
     pub fn trace_start<'v>(&self) -> SynthTrace<'_, 'v> {
-        SynthTrace::new(self)
+        SynthTrace::new(self, None)
+    }
+
+    /// The event's file in one instance (`trace_get_event_file`; `None` is the top
+    /// instance), to enable the event there and record into that instance alone. While
+    /// the file is held the event cannot be deleted.
+    ///
+    /// ```
+    /// use ustrace::synth;
+    /// let event = synth::create("doc_file", &[("u64", "v")])?;
+    /// let file = event.file(None)?;
+    /// file.set_enabled(true)?; // trace_array_set_clr_event(tr, "synthetic", "doc_file", true)
+    /// file.trace(&[42u64.into()])?;
+    /// file.set_enabled(false)?;
+    /// assert!(synth::delete("doc_file").is_err()); // EBUSY: the file is held
+    /// drop(file); // trace_put_event_file
+    /// synth::delete("doc_file")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn file(&self, instance: Option<&str>) -> Result<SynthEventFile, SynthError> {
+        let tracing = tracing();
+        let instance = match instance {
+            Some(name) => tracing.instance(name).ok_or(SynthError::NotFound)?,
+            None => tracing.top().clone(),
+        };
+        if self.deleted.load(Ordering::Relaxed) {
+            return Err(SynthError::NotFound);
+        }
+        let file = instance.file(self.id()).ok_or(SynthError::NotFound)?;
+        Ok(SynthEventFile {
+            hold: self.hold(),
+            file,
+        })
+    }
+
+    /// Records checked values into one event file, if it is attached there.
+    #[inline]
+    fn trace_file(&self, file: &EventFile, values: &[SynthValue<'_>]) -> Result<(), SynthError> {
+        self.layout.check(values)?;
+        if self.deleted.load(Ordering::Relaxed) {
+            return Err(SynthError::NotFound);
+        }
+        // Not attached: the event is off in that instance. Soft-disabled: `wants_record`
+        // runs the triggers and says no, as the kernel's trace init does.
+        let Some(_nested) = Nested::enter() else {
+            return Ok(());
+        };
+        if (file.is_enabled() || file.is_soft_disabled()) && file.wants_record() {
+            let len = self.layout.record_len(values);
+            file.record(len, |rec| self.layout.fill(values, rec));
+        }
+        Ok(())
     }
 
     /// Whether the event may not be removed now.
     fn busy(&self) -> bool {
         self.holds.load(Ordering::Acquire) != 0
             || self.id.get().is_some_and(|id| crate::dynevent::in_use(*id))
+    }
+}
+
+/// How many synthetic records one thread may be writing inside one another: a hist
+/// action on a synthetic event may generate a synthetic event, whose hist may generate
+/// another. Deeper than this the record is dropped, as the kernel's recursion check drops
+/// it, so that a loop of actions cannot overflow the stack.
+pub const MAX_NESTING: u32 = 4;
+
+thread_local! {
+    static NESTING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// One level of synthetic recording on this thread, left on drop.
+struct Nested;
+
+impl Nested {
+    #[inline]
+    fn enter() -> Option<Nested> {
+        NESTING
+            .try_with(|n| {
+                let depth = n.get();
+                (depth < MAX_NESTING).then(|| {
+                    n.set(depth + 1);
+                    Nested
+                })
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+impl Drop for Nested {
+    #[inline]
+    fn drop(&mut self) {
+        let _ = NESTING.try_with(|n| n.set(n.get() - 1));
+    }
+}
+
+/// A synthetic event's file in one instance (the kernel's `trace_event_file` that
+/// `trace_get_event_file` returns): records go to that instance only. Holds the event.
+pub struct SynthEventFile {
+    hold: SynthHold,
+    file: Arc<EventFile>,
+}
+
+impl SynthEventFile {
+    /// The event.
+    pub fn event(&self) -> &Arc<Synthetic> {
+        self.hold.event()
+    }
+
+    /// Turns the event on or off in this instance (`trace_array_set_clr_event`).
+    pub fn set_enabled(&self, on: bool) -> Result<(), Errno> {
+        self.file.set_enabled(on)
+    }
+
+    /// Records one event into this instance (`synth_event_trace_array`); nothing while the
+    /// event is off there.
+    pub fn trace(&self, values: &[SynthValue<'_>]) -> Result<(), SynthError> {
+        self.hold.event.trace_file(&self.file, values)
+    }
+
+    /// Starts a piecewise trace into this instance (`synth_event_trace_start`).
+    pub fn trace_start<'v>(&self) -> SynthTrace<'_, 'v> {
+        SynthTrace::new(&self.hold.event, Some(&self.file))
     }
 }
 
@@ -368,7 +502,11 @@ impl EventClass for Synthetic {
         self.def.print_fmt()
     }
     fn render_line(&self, record: &[u8], out: &mut String) -> bool {
-        self.layout.render(&self.def.name, record, out);
+        self.layout.render(&self.def.name, record, out, false);
+        true
+    }
+    fn render_line_verbose(&self, record: &[u8], out: &mut String, verbose: bool) -> bool {
+        self.layout.render(&self.def.name, record, out, verbose);
         true
     }
     fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
@@ -550,4 +688,43 @@ pub fn open(flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
     }
     let content = if flags.read { listing() } else { String::new() };
     Ok(Box::new(TextFile::new(content, Some(Box::new(write)))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hook on a synthetic event that records the same event again (what a loop of hist
+    /// actions does) stops at the nesting limit instead of overflowing the stack.
+    #[test]
+    fn a_recording_loop_stops_at_the_nesting_limit() {
+        let event = create("unit_loop", &[("u64", "depth")]).unwrap();
+        let inst = tracing().create_instance("unit_synth_loop").unwrap();
+        let file = inst.file(event.id()).unwrap();
+        file.set_enabled(true).unwrap();
+        let again = event.clone();
+        let hook = crate::trigger::add_hook(
+            &file,
+            None,
+            Arc::new(move |record: &[u8]| {
+                let depth = u64::from_ne_bytes(record[8..16].try_into().unwrap());
+                let _ = again.trace(&[SynthValue::U64(depth + 1)]);
+            }),
+        )
+        .unwrap();
+        event.trace(&[SynthValue::U64(0)]).unwrap();
+        crate::trigger::remove_hook(&file, &hook);
+        file.set_enabled(false).unwrap();
+        let text = {
+            use ustrace_ctl::vfs::FileSystem;
+            crate::tracefs()
+                .read_to_string("instances/unit_synth_loop/trace")
+                .unwrap()
+        };
+        let lines = text.lines().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(lines, MAX_NESTING as usize, "{text}");
+        drop((file, inst));
+        tracing().remove_instance("unit_synth_loop").unwrap();
+        delete("unit_loop").unwrap();
+    }
 }

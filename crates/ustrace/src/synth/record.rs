@@ -290,11 +290,15 @@ impl Layout {
 
     /// Prints a record as the kernel's `print_synth_event`: `name: ` then `field=value`
     /// separated by blanks; a stack as `name=STACK:` and one `=> symbol` line per address.
-    pub fn render(&self, name: &str, record: &[u8], out: &mut String) {
+    /// With `verbose` (the option), each value is preceded by its printf conversion.
+    pub fn render(&self, name: &str, record: &[u8], out: &mut String, verbose: bool) {
         let _ = write!(out, "{name}: ");
         let last = self.fields.len().saturating_sub(1);
         for (i, f) in self.fields.iter().enumerate() {
             let space = if i == last { "" } else { " " };
+            if verbose {
+                let _ = write!(out, "{} ", f.conversion);
+            }
             match f.kind {
                 SynthFieldKind::Int => {
                     let _ = write!(out, "{}=", f.name);
@@ -410,7 +414,7 @@ mod tests {
         let mut record = vec![0xaa; len];
         l.fill(&values, &mut record);
         let mut out = String::new();
-        l.render("e", &record, &mut out);
+        l.render("e", &record, &mut out, false);
         assert_eq!(
             out,
             format!(
@@ -418,8 +422,111 @@ mod tests {
                 u64::MAX
             )
         );
+        out.clear();
+        l.render("e", &record, &mut out, true);
+        assert_eq!(
+            out,
+            format!(
+                "e: %u a=44 %.*s s=hello %.*s d=dyn %d b=-5 %d c=255 %llu e={} %s st=STACK:\n\n",
+                u64::MAX
+            )
+        );
         let (off, dlen) = read_loc(&record, l.fields[2].offset);
         assert_eq!((off, dlen), (l.fixed_len, 4));
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A field type and a value of its kind.
+        fn field_and_value() -> impl Strategy<Value = (&'static str, OwnedValue)> {
+            prop_oneof![
+                any::<u64>().prop_map(|v| ("u64", OwnedValue::Int(v))),
+                any::<u64>().prop_map(|v| ("s32", OwnedValue::Int(v))),
+                any::<u64>().prop_map(|v| ("u16", OwnedValue::Int(v))),
+                any::<u64>().prop_map(|v| ("char", OwnedValue::Int(v))),
+                proptest::collection::vec(any::<u8>(), 0..300)
+                    .prop_map(|v| ("char[16]", OwnedValue::Str(v))),
+                proptest::collection::vec(any::<u8>(), 0..300)
+                    .prop_map(|v| ("char[]", OwnedValue::Str(v))),
+                proptest::collection::vec(any::<u64>(), 0..20)
+                    .prop_map(|v| ("unsigned long[]", OwnedValue::Stack(v))),
+            ]
+        }
+
+        #[derive(Clone, Debug)]
+        enum OwnedValue {
+            Int(u64),
+            Str(Vec<u8>),
+            Stack(Vec<u64>),
+        }
+
+        impl OwnedValue {
+            fn value(&self) -> SynthValue<'_> {
+                match self {
+                    OwnedValue::Int(v) => SynthValue::U64(*v),
+                    OwnedValue::Str(v) => SynthValue::Str(v),
+                    OwnedValue::Stack(v) => SynthValue::Stack(v),
+                }
+            }
+        }
+
+        proptest! {
+            /// What a record holds is what a reader of the `format` file finds: integers
+            /// cut to their size, strings up to their first NUL (255 bytes at most in a
+            /// fixed field, 4095 in a dynamic one, NUL-terminated), stacks up to their
+            /// first 0 and 16 entries, with the closing 0 when there is room; every byte
+            /// after the header is written.
+            #[test]
+            fn records_read_back_through_the_format(fields in proptest::collection::vec(field_and_value(), 1..12)) {
+                let line: Vec<String> = fields
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (ty, _))| format!("{ty} f{i}"))
+                    .collect();
+                let (_, l) = layout(&format!("p {}", line.join("; ")));
+                let values: Vec<SynthValue<'_>> = fields.iter().map(|(_, v)| v.value()).collect();
+                l.check(&values).unwrap();
+                let len = l.record_len(&values);
+                let mut a = vec![0x55u8; len];
+                let mut b = vec![0xaau8; len];
+                l.fill(&values, &mut a);
+                l.fill(&values, &mut b);
+                prop_assert_eq!(&a[COMMON_SIZE..], &b[COMMON_SIZE..]);
+                for (desc, (_, v)) in l.descs().iter().zip(&fields) {
+                    match v {
+                        OwnedValue::Int(v) => {
+                            let mask = if desc.size == 8 { u64::MAX } else { (1u64 << (8 * desc.size)) - 1 };
+                            prop_assert_eq!(read_u64(&a, desc.offset, desc.size), v & mask);
+                        }
+                        OwnedValue::Str(s) => {
+                            let (bytes, max) = if desc.c_type.starts_with("__data_loc") {
+                                let (off, n) = read_loc(&a, desc.offset);
+                                prop_assert!(n >= 1 && a[off + n - 1] == 0);
+                                (&a[off..off + n - 1], MAX_DYN_STRING)
+                            } else {
+                                let slot = &a[desc.offset..desc.offset + STR_VAR_LEN_MAX];
+                                (str_bytes(slot, STR_VAR_LEN_MAX), STR_VAR_LEN_MAX - 1)
+                            };
+                            prop_assert_eq!(bytes, str_bytes(s, max));
+                        }
+                        OwnedValue::Stack(st) => {
+                            let (off, n) = read_loc(&a, desc.offset);
+                            let got: Vec<u64> = (0..n / 8).map(|i| read_u64(&a, off + 8 * i, 8)).collect();
+                            let mut want: Vec<u64> = st.iter().copied().take_while(|&x| x != 0).take(STACK_DEPTH).collect();
+                            if want.len() < STACK_DEPTH {
+                                want.push(0);
+                            }
+                            prop_assert_eq!(got, want);
+                        }
+                    }
+                }
+                let mut out = String::new();
+                l.render("p", &a, &mut out, false);
+                prop_assert!(out.starts_with("p: ") && out.ends_with('\n'));
+            }
+        }
     }
 
     #[test]
