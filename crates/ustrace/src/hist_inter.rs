@@ -81,6 +81,14 @@ pub fn register(id: u64, instance: &Instance, file: &EventFile, hist: &Arc<Hist>
         hist: Arc::downgrade(hist),
         referenced: AtomicUsize::new(0),
     }));
+    // Hidden triggers of histograms that went away with their instance or event are gone
+    // with them: drop what kept their event files.
+    let live: Vec<u64> = reg.iter().map(|r| r.id).collect();
+    drop(reg);
+    HIDDEN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(id, _)| live.contains(id));
 }
 
 fn id_of(hist: &Arc<Hist>) -> Option<u64> {
