@@ -497,3 +497,58 @@ pub(crate) fn run_deferred() {
         let _ = shared.take_snapshot();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(offset: usize, size: usize, signed: bool, class: FieldClass) -> FieldRead {
+        FieldRead {
+            offset,
+            size,
+            signed,
+            class,
+        }
+    }
+
+    #[test]
+    fn integers_sign_extend_as_the_kernel_casts_them() {
+        let mut rec = [0u8; 16];
+        rec[0..4].copy_from_slice(&(-5i32).to_ne_bytes());
+        rec[4..6].copy_from_slice(&0xfffeu16.to_ne_bytes());
+        assert_eq!(read(0, 4, true, FieldClass::Other).int(&rec) as i64, -5);
+        assert_eq!(read(0, 4, false, FieldClass::Other).int(&rec), 0xffff_fffb);
+        assert_eq!(read(4, 2, false, FieldClass::Other).int(&rec), 0xfffe);
+        // Past the record: 0, never a panic.
+        assert_eq!(read(12, 8, false, FieldClass::Other).int(&rec), 0);
+    }
+
+    #[test]
+    fn strings_stop_at_nul_and_data_loc_points_into_the_record() {
+        let mut rec = [0u8; 32];
+        rec[0..4].copy_from_slice(b"ping");
+        // __data_loc at 16: 5 bytes at offset 24.
+        rec[16..20].copy_from_slice(&((5u32 << 16) | 24).to_ne_bytes());
+        rec[24..29].copy_from_slice(b"abcd\0");
+        assert_eq!(
+            read(0, 16, false, FieldClass::StaticString).str(&rec),
+            b"ping"
+        );
+        assert_eq!(read(16, 4, false, FieldClass::DynString).str(&rec), b"abcd");
+        // __rel_loc counts from the end of its word.
+        rec[16..20].copy_from_slice(&((3u32 << 16) | 4).to_ne_bytes());
+        assert_eq!(
+            read(16, 4, false, FieldClass::RelDynString).str(&rec),
+            b"abc"
+        );
+    }
+
+    #[test]
+    fn another_maps_key_is_this_keys_prefix_zero_padded() {
+        let key = [1u8, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16];
+        assert_eq!(with_key_len(&key, 8, |k| k.to_vec()), key[..8].to_vec());
+        let mut padded = key.to_vec();
+        padded.resize(24, 0);
+        assert_eq!(with_key_len(&key, 24, |k| k.to_vec()), padded);
+    }
+}
