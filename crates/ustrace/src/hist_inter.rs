@@ -26,8 +26,8 @@ use ustrace_filter::FieldClass;
 
 use crate::event::{FieldDesc, FieldKind};
 use crate::stage::hist::inter::{
-    Action, FieldRead, Inter, Param, RefSlot, SaveVar, SnapshotState, TraceAction, TrackThen,
-    SAVE_STR_MAX,
+    Action, FieldRead, Inter, Param, RefSlot, SaveVar, SnapshotState, StrVar, TraceAction,
+    TrackThen, SAVE_STR_MAX,
 };
 use crate::stage::hist::Hist;
 use crate::trace::{EventFile, Instance};
@@ -42,6 +42,8 @@ pub struct Registered {
     hist: Weak<Hist>,
     /// How many other triggers reference a variable of this one.
     referenced: AtomicUsize,
+    /// Its string variables: (variable index, first slot, slots) of their bytes.
+    strings: Vec<(usize, usize, usize)>,
 }
 
 impl Registered {
@@ -69,7 +71,13 @@ pub fn next_id() -> u64 {
 /// Makes a live hist trigger visible to the other triggers of `instance` (the kernel's
 /// `save_hist_vars` and trigger list together). `id` is the one its own references were
 /// made with ([`next_id`]).
-pub fn register(id: u64, instance: &Instance, file: &EventFile, hist: &Arc<Hist>) {
+pub fn register(
+    id: u64,
+    instance: &Instance,
+    file: &EventFile,
+    hist: &Arc<Hist>,
+    strings: Vec<(usize, usize, usize)>,
+) {
     let mut reg = registry();
     // Entries of histograms that are gone (their instance or event went away).
     reg.retain(|r| r.hist.strong_count() > 0);
@@ -80,6 +88,7 @@ pub fn register(id: u64, instance: &Instance, file: &EventFile, hist: &Arc<Hist>
         event: file.event.name().to_string(),
         hist: Arc::downgrade(hist),
         referenced: AtomicUsize::new(0),
+        strings,
     }));
     // Hidden triggers of histograms that went away with their instance or event are gone
     // with them: drop what kept their event files.
@@ -246,6 +255,10 @@ pub struct Target<'a> {
     pub file: &'a Arc<EventFile>,
     /// The trigger's identity (from [`next_id`]).
     pub id: u64,
+    /// Its string variables: (variable index, first slot, slots) of their bytes.
+    pub strings: &'a [(usize, usize, usize)],
+    /// The first variable slot the actions may take.
+    pub first_extra: usize,
 }
 
 impl Target<'_> {
@@ -372,7 +385,7 @@ pub fn prepare(t: &Target<'_>, data: &mut HistData) -> Result<Prepared, HistErro
 
 fn create_actions(t: &Target<'_>, data: &mut HistData, p: &mut Prepared) -> Result<(), HistError> {
     let specs = data.actions.clone();
-    let first_extra = data.n_vars;
+    let first_extra = t.first_extra;
     for spec in &specs {
         let made = match &spec.handler {
             Handler::OnMatch { system, event } => {
@@ -504,14 +517,14 @@ fn trace_action(
             let Some(found) = found else {
                 return Err(HistError::new(K::ParamNotFound, data.errpos(vname)));
             };
-            let (c, s, sg, string) = (
-                found.c_type.clone(),
-                found.size,
-                found.signed,
-                found.is_string,
-            );
+            let (c, s, sg) = (found.c_type.clone(), found.size, found.signed);
+            let string = found.is_string.then(|| string_param(t, &found));
             let r = var_ref(data, found, vname, system, event);
-            (c, s, sg, string, Param::Ref(r))
+            match string {
+                None => (c, s, sg, false, Param::Ref(r)),
+                Some(Some(p)) => (c, s, sg, false, p),
+                Some(None) => (c, s, sg, true, Param::Ref(r)),
+            }
         } else if t.is(system, event) && target_field(t, var).is_some() {
             let (read, c, s, sg) = target_field(t, var).expect("checked");
             (c, s, sg, false, Param::Field(read))
@@ -526,15 +539,15 @@ fn trace_action(
                 return Err(HistError::silent(EINVAL));
             };
             let found = field_var_hist(t, data, s, e, var, p)?;
-            let (c, sz, sg, string) = (
-                found.c_type.clone(),
-                found.size,
-                found.signed,
-                found.is_string,
-            );
+            let (c, sz, sg) = (found.c_type.clone(), found.size, found.signed);
+            let string = found.is_string.then(|| string_param(t, &found));
             let vname = format!("synthetic_{var}");
             let r = var_ref(data, found, &vname, Some(s), Some(e));
-            (c, sz, sg, string, Param::Ref(r))
+            match string {
+                None => (c, sz, sg, false, Param::Ref(r)),
+                Some(Some(p)) => (c, sz, sg, false, p),
+                Some(None) => (c, sz, sg, true, Param::Ref(r)),
+            }
         };
         let ok = synth
             .fields()
@@ -544,8 +557,8 @@ fn trace_action(
             return Err(HistError::new(K::SynthTypeMismatch, data.errpos(var)));
         }
         if string_var {
-            // Variables here keep numbers only (the hist stage stores no string per
-            // entry), so a string variable cannot be passed on: refused, not garbled.
+            // A string variable whose bytes no entry keeps (`common_pid.execname`, a
+            // `common_comm`): refused rather than passed on garbled.
             return Err(HistError::new(K::FieldVarCreateFail, data.errpos(var)));
         }
         params.push(made);
@@ -557,6 +570,33 @@ fn trace_action(
         ));
     }
     Ok(PTrace { synth, params })
+}
+
+/// Where the bytes of the string variable `target` are kept: this trigger's entry or the
+/// defining trigger's (`None` when no entry keeps them).
+fn string_param(t: &Target<'_>, target: &VarTarget) -> Option<Param> {
+    let slot = |strings: &[(usize, usize, usize)]| {
+        strings
+            .iter()
+            .find(|(var, _, _)| *var == target.idx)
+            .map(|&(_, first, words)| (first, words))
+    };
+    if target.hist == t.id {
+        let (first, words) = slot(t.strings)?;
+        return Some(Param::RefStr {
+            hist: None,
+            first,
+            words,
+        });
+    }
+    let reg = registry();
+    let entry = reg.iter().find(|r| r.id == target.hist)?;
+    let (first, words) = slot(&entry.strings)?;
+    Some(Param::RefStr {
+        hist: Some(entry.live()?),
+        first,
+        words,
+    })
 }
 
 /// The kernel's `create_field_var_hist`: a trigger on `system:event` with the keys of a
@@ -710,6 +750,7 @@ impl Prepared {
             actions,
             save_vars: self.save_vars,
             extra_vars: self.extra_vars,
+            string_vars: Vec::new(),
             shared: snapshots.then(|| t.file.shared.clone()),
         };
         HIDDEN
@@ -836,14 +877,45 @@ pub fn create(
     file: &Arc<EventFile>,
     mut data: HistData,
 ) -> Result<Arc<Hist>, HistError> {
+    // String variables keep their bytes in slots of their own after the trigger's
+    // variables (the kernel's per-entry string buffers); the actions' slots follow.
+    let mut string_vars = Vec::new();
+    let mut strings = Vec::new();
+    let mut used = 0;
+    for f in data.vals() {
+        let Some(ef) = f
+            .field
+            .as_ref()
+            .filter(|_| f.has(flags::VAR) && f.has(flags::STRING))
+        else {
+            continue;
+        };
+        let read = FieldRead {
+            offset: ef.offset,
+            size: ef.size,
+            signed: false,
+            class: ef.class(),
+        };
+        if !read.is_string() {
+            continue;
+        }
+        let words = f.size.clamp(8, SAVE_STR_MAX).div_ceil(8);
+        let first = data.n_vars + used;
+        strings.push((f.var_idx, first, words));
+        string_vars.push(StrVar { read, first, words });
+        used += words;
+    }
     let t = Target {
         instance,
         file,
         id: next_id(),
+        strings: &strings,
+        first_extra: data.n_vars + used,
     };
     let prepared = prepare(&t, &mut data)?;
-    let extra = prepared.extra_vars;
-    let inter = prepared.build(&t, &data);
+    let extra = used + prepared.extra_vars;
+    let mut inter = prepared.build(&t, &data);
+    inter.string_vars = string_vars;
     let hooks: Option<Arc<dyn crate::stage::hist::HistHooks>> = if inter.is_empty() {
         None
     } else {
@@ -855,6 +927,6 @@ pub fn create(
         return Err(HistError::silent(ustrace_filter::hist::ENOMEM));
     };
     let hist = Arc::new(hist);
-    register(t.id, instance, file, &hist);
+    register(t.id, instance, file, &hist, strings);
     Ok(hist)
 }

@@ -563,7 +563,6 @@ fn mistakes_are_refused_with_the_kernels_messages() {
     }
     let mut t = Instance::new("inter-errors");
     t.synth("req_lat3 u64 id; u64 lat");
-    t.synth("req_op3 u64 id; char op[16]");
     t.append("events/tnet/request/trigger", "hist:keys=id:t0=t\n")
         .unwrap();
     let loc = "hist:tnet:respond";
@@ -657,14 +656,6 @@ fn mistakes_are_refused_with_the_kernels_messages() {
         Errno::EEXIST,
         "Can't have more than one save() action per hist",
         "",
-    );
-    // Here (unlike the kernel) variables keep numbers only: a string of the matching
-    // event is refused rather than passed on garbled.
-    check(
-        "hist:keys=id:onmatch(tnet.request).trace(req_op3,id,tnet.request.op)",
-        Errno::EINVAL,
-        "Couldn't create field variable",
-        "op",
     );
     // A string is no operand.
     let op_ts = "hist:keys=id:x=op+1";
@@ -1013,4 +1004,41 @@ fn onmax_snapshot_reports_the_triggering_key() {
         "{snapshot}"
     );
     assert!(!snapshot.contains("t=310"), "{snapshot}");
+}
+
+// histogram.rst 2.2.1/2.2.3: strings travel too — a string variable (`o=op`) and a string
+// field of the matching event (`tnet.request.op`, through a hidden `synthetic_op=op`
+// trigger) are kept per entry and passed to the synthetic event's char fields.
+#[test]
+fn string_variables_and_matching_event_strings_reach_the_synthetic_event() {
+    if skip_without_hist() {
+        return;
+    }
+    let mut t = Instance::new("inter-strings");
+    t.synth("req_op u64 id; char op[16]; char op2[16]");
+    t.append("events/tnet/request/trigger", "hist:keys=id:t0=t:o=op\n")
+        .unwrap();
+    t.append(
+        "events/tnet/respond/trigger",
+        "hist:keys=id:lat=t-$t0:onmatch(tnet.request).trace(req_op,id,$o,tnet.request.op)\n",
+    )
+    .unwrap();
+    assert!(t.infos("tnet/request").contains(
+        &"hist:keys=id:vals=hitcount:synthetic_op=op:sort=hitcount:size=2048 [active]".to_string()
+    ));
+    t.write("events/synthetic/req_op/enable", "1\n").unwrap();
+    request::trace(5, "get", 10);
+    request::trace(6, "delete", 11);
+    respond::trace(6, 30, 200);
+    respond::trace(5, 20, 200);
+    let lines = common::body_lines(&t.read("trace"));
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines[0].ends_with(": req_op: id=6 op=delete op2=delete"),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].ends_with(": req_op: id=5 op=get op2=get"),
+        "{lines:?}"
+    );
 }

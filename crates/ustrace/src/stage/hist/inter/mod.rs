@@ -119,10 +119,35 @@ impl FieldRead {
     }
 }
 
+/// A string variable of a trigger: the field it copies, and where its bytes are kept in
+/// the entry (extra variable slots; the kernel keeps a per-entry string buffer).
+pub struct StrVar {
+    /// How to read the field from the record.
+    pub read: FieldRead,
+    /// First extra slot of the bytes.
+    pub first: usize,
+    /// Slots the bytes take (8 bytes each).
+    pub words: usize,
+}
+
+/// Most string parameters one action passes (more are passed empty).
+const MAX_STR_PARAMS: usize = 4;
+
 /// One value passed to a synthetic event.
 pub enum Param {
     /// A variable reference's resolved value.
     Ref(usize),
+    /// A string variable: its bytes in the entry with this record's key, of `hist` (`None`:
+    /// this trigger's own entry). The reference itself is resolved as any other, so the
+    /// action runs only when the variable is set (and a read-once use consumes it).
+    RefStr {
+        /// The defining histogram, when it is another trigger's.
+        hist: Option<Arc<Hist>>,
+        /// First slot of the bytes.
+        first: usize,
+        /// Slots of the bytes.
+        words: usize,
+    },
     /// A field of the triggering record (the kernel makes a field variable of it and
     /// reads it back at once; reading the record is the same value).
     Field(FieldRead),
@@ -204,6 +229,8 @@ pub struct Inter {
     pub save_vars: Vec<SaveVar>,
     /// Variable slots this module needs after the trigger's own.
     pub extra_vars: usize,
+    /// This trigger's string variables, copied into their entry on each update.
+    pub string_vars: Vec<StrVar>,
     /// The buffers `snapshot()` acts on (the triggering event's instance).
     pub(crate) shared: Option<Arc<Shared>>,
 }
@@ -224,7 +251,7 @@ fn with_key_len<R>(key: &[u8], len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
 impl Inter {
     /// Whether the trigger needs this stage at all.
     pub fn is_empty(&self) -> bool {
-        self.refs.is_empty() && self.actions.is_empty()
+        self.refs.is_empty() && self.actions.is_empty() && self.string_vars.is_empty()
     }
 
     /// Resolves the references to other triggers' variables for a record with `key`, into
@@ -275,7 +302,7 @@ impl Inter {
         }
         for action in &self.actions {
             match action {
-                Action::OnMatch(t) => t.fire(record, vals),
+                Action::OnMatch(t) => t.fire(elt, key, record, vals),
                 Action::Track {
                     max,
                     var_ref,
@@ -295,7 +322,7 @@ impl Inter {
                     elt.set_var(*track_var, value);
                     match then {
                         TrackThen::Save => self.save(elt, record),
-                        TrackThen::Trace(t) => t.fire(record, vals),
+                        TrackThen::Trace(t) => t.fire(elt, key, record, vals),
                         TrackThen::Snapshot(state) => {
                             if let Some(shared) = &self.shared {
                                 state.take(value, key, shared);
@@ -401,6 +428,9 @@ impl HistHooks for Inter {
 
     #[inline]
     fn after_update(&self, _hist: &Hist, elt: &Elt, key: &[u8], record: &[u8], refs: &[u64]) {
+        for v in &self.string_vars {
+            store_str(elt, v.first, v.words, v.read.str(record));
+        }
         if self.actions.is_empty() {
             return;
         }
@@ -420,30 +450,86 @@ impl HistHooks for Inter {
 }
 
 impl TraceAction {
-    /// Generates the synthetic event from the resolved references and the record.
+    /// Generates the synthetic event from the resolved references, the entry `elt` of
+    /// `key` (for string variables) and the record.
     #[inline]
-    fn fire(&self, record: &[u8], vals: &[u64]) {
+    fn fire(&self, elt: &Elt, key: &[u8], record: &[u8], vals: &[u64]) {
         // Most synthetic events have a few fields: fill only a small array for them.
         if self.params.len() <= 8 {
-            self.fire_with::<8>(record, vals);
+            self.fire_with::<8>(elt, key, record, vals);
         } else {
-            self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }>(record, vals);
+            self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }>(elt, key, record, vals);
         }
     }
 
     #[inline]
-    fn fire_with<const N: usize>(&self, record: &[u8], vals: &[u64]) {
+    fn fire_with<const N: usize>(&self, elt: &Elt, key: &[u8], record: &[u8], vals: &[u64]) {
+        // String variables are copied out of their entries first (atomic loads), so the
+        // values below borrow only this stack.
+        let mut strs = [[0u8; SAVE_STR_MAX]; MAX_STR_PARAMS];
+        let mut lens = [0usize; MAX_STR_PARAMS];
+        let mut j = 0;
+        for p in &self.params {
+            let Param::RefStr { hist, first, words } = p else {
+                continue;
+            };
+            if j == MAX_STR_PARAMS {
+                break;
+            }
+            let copy = |e: &Elt, buf: &mut [u8; SAVE_STR_MAX]| load_str(e, *first, *words, buf);
+            lens[j] = match hist {
+                None => copy(elt, &mut strs[j]),
+                Some(h) => with_key_len(key, h.map.config().key_size, |k| {
+                    h.map.lookup(k).map_or(0, |e| copy(e, &mut strs[j]))
+                }),
+            };
+            j += 1;
+        }
         let mut values = [SynthValue::U64(0); N];
         let n = self.params.len().min(N);
+        let mut j = 0;
         for (i, p) in self.params.iter().take(n).enumerate() {
             values[i] = match p {
                 Param::Ref(r) => SynthValue::U64(vals.get(*r).copied().unwrap_or(0)),
+                Param::RefStr { .. } => {
+                    let v = match (strs.get(j), lens.get(j)) {
+                        (Some(s), Some(&len)) => SynthValue::Str(&s[..len]),
+                        _ => SynthValue::Str(&[]),
+                    };
+                    j += 1;
+                    v
+                }
                 Param::Field(f) if f.is_string() => SynthValue::Str(f.str(record)),
                 Param::Field(f) => SynthValue::U64(f.int(record)),
             };
         }
         let _ = self.synth.trace(&values[..n]);
     }
+}
+
+/// Stores `bytes` (cut to the slots, NUL-padded) in `words` variable slots from `first`.
+fn store_str(elt: &Elt, first: usize, words: usize, bytes: &[u8]) {
+    let n = bytes.len().min(words * 8 - 1);
+    for w in 0..words {
+        let mut word = [0u8; 8];
+        let from = (w * 8).min(n);
+        let to = (w * 8 + 8).min(n);
+        word[..to - from].copy_from_slice(&bytes[from..to]);
+        elt.set_var(first + w, u64::from_ne_bytes(word));
+    }
+}
+
+/// Copies the string kept in `words` slots from `first` into `buf`; its length to the NUL.
+fn load_str(elt: &Elt, first: usize, words: usize, buf: &mut [u8; SAVE_STR_MAX]) -> usize {
+    let words = words.min(SAVE_STR_MAX / 8);
+    for w in 0..words {
+        let v = elt.var(first + w).unwrap_or(0).to_ne_bytes();
+        buf[w * 8..w * 8 + 8].copy_from_slice(&v);
+    }
+    buf[..words * 8]
+        .iter()
+        .position(|&c| c == 0)
+        .unwrap_or(words * 8)
 }
 
 impl SnapshotState {
