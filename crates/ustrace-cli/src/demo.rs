@@ -320,11 +320,11 @@ const SETUP: &[(&str, &str, bool)] = &[
     ),
     ("events/demo/enable", "1", false),
     // Request latency (histogram.rst 2.2): the request's time stamp is kept per thread,
-    // the response computes the latency and generates a synthetic event with it, whose
-    // own hist trigger groups the latencies by response status, in powers of two.
+    // the response computes the latency and generates a synthetic event with it and the
+    // request's op, whose own hist trigger groups the latencies by op in powers of two.
     (
         "synthetic_events",
-        "request_latency u64 lat_us; u16 status",
+        "request_latency u64 lat_us; char op[]; u16 status",
         true,
     ),
     (
@@ -334,12 +334,12 @@ const SETUP: &[(&str, &str, bool)] = &[
     ),
     (
         "events/net/respond/trigger",
-        "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:onmatch(kv.request).request_latency($lat,status)",
+        "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:onmatch(kv.request).request_latency($lat,kv.request.op,status)",
         false,
     ),
     (
         "events/synthetic/request_latency/trigger",
-        "hist:keys=status,lat_us.log2:sort=status,lat_us",
+        "hist:keys=op,lat_us.log2:sort=op,lat_us",
         false,
     ),
 ];
@@ -419,7 +419,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     }
     if let Ok(hist) = read(LATENCY_HIST) {
         outln!(
-            "\n# cat {LATENCY_HIST}   (request latency in us by response status, from the synthetic event onmatch(kv.request) generates on each net:respond)"
+            "\n# cat {LATENCY_HIST}   (request latency in us by op, from the synthetic event onmatch(kv.request) generates on each net:respond)"
         );
         out!("{hist}");
     }
