@@ -10,8 +10,10 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     need=()
     # uftrace, lttng-tools and liblttng-ust-dev are peers of `ustrace bench --peers` (its
-    # smoke test runs them for a few thousand calls).
-    for pkg in libtraceevent-dev fuse3 pkg-config uftrace lttng-tools liblttng-ust-dev; do
+    # smoke test runs them for a few thousand calls); linux-source-6.12 carries the kernel's
+    # ftrace selftests (scripts/ftrace-selftests.sh).
+    for pkg in libtraceevent-dev fuse3 pkg-config uftrace lttng-tools liblttng-ust-dev \
+        linux-source-6.12; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     if [ ${#need[@]} -gt 0 ]; then
@@ -19,6 +21,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") \
             || echo "test.sh: skipped: could not install ${need[*]} (tests that need them will say so)"
     fi
+    bash scripts/ftrace-selftests.sh --prepare \
+        || echo "test.sh: skipped: no ftrace selftests (ftrace_selftests will skip)"
     if [ -d /sys/kernel/tracing ] && ! [ -e /sys/kernel/tracing/trace ]; then
         mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null \
             || echo "test.sh: skipped: cannot mount tracefs (kernel differential tests will skip)"

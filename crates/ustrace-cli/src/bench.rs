@@ -24,8 +24,8 @@
 //!
 //! - `hist_update_1key`: `add_loop` plus one `ints3` event whose only consumer is a hist
 //!   trigger `hist:keys=a:vals=b` (u64 key, hitcount and one sum): the record is built aside,
-//!   the key hashed and found in a warm table (1024 keys, claimed in the warm-up), the sums
-//!   added. `_2threads` is two such writers on disjoint keys, beside `index_loop_2threads`.
+//!   the key hashed and found in a warm table (64 keys cycling, as a few hot keys are in
+//!   most histograms, claimed in the warm-up), the sums added. `_2threads` is two such writers on disjoint keys, beside `index_loop_2threads`.
 //!   Every update is checked against the histogram's `Hits`.
 //!
 //! JSON names are an interface: [`NAMES`]; `ring_buffer_write_32b_2threads` and
@@ -47,8 +47,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ustrace::trace::tracing;
-use ustrace::{FileSystem, OpenFlags};
 use ustrace_ringbuf::{clock::Clock, Config, RingBuffer};
+
+use crate::bench_measure::{
+    append, infallible, median, set, tally, time_per_op, time_recorded, Settings,
+};
 
 /// Every figure the bench reports, in the order it reports them.
 pub const NAMES: [&str; 19] = [
@@ -95,6 +98,16 @@ pub struct BenchArgs {
     /// threads, filter predicates, functions attached.
     #[arg(long, conflicts_with = "filter")]
     pub scale: bool,
+}
+
+impl BenchArgs {
+    fn settings(&self) -> Settings {
+        Settings {
+            json: self.json,
+            iterations: self.iterations,
+            repetitions: self.repetitions,
+        }
+    }
 }
 
 ustrace::declare_tracepoint! {
@@ -158,90 +171,6 @@ fn select(filter: Option<&str>) -> Result<Vec<&'static str>, String> {
         ));
     }
     Ok(picked)
-}
-
-pub(crate) fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(|a, b| a.total_cmp(b));
-    samples[samples.len() / 2]
-}
-
-/// A timed loop's result: the median ns per iteration, and how many iterations ran in all
-/// (warm-up included), which is what the loop's effects are checked against.
-pub(crate) struct Timing {
-    pub(crate) ns_per_op: f64,
-    pub(crate) ops: u64,
-}
-
-/// Times `body(iterations)` `reps` times, after one shorter warm-up run (caches, buffer
-/// pages). `body` fails when an operation did not complete.
-pub(crate) fn time_per_op(
-    iterations: u64,
-    reps: usize,
-    mut body: impl FnMut(u64) -> Result<(), String>,
-) -> Result<Timing, String> {
-    let warm = iterations / 10 + 1;
-    body(warm)?;
-    let mut samples = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let start = Instant::now();
-        body(iterations)?;
-        samples.push(start.elapsed().as_nanos() as f64 / iterations as f64);
-    }
-    Ok(Timing {
-        ns_per_op: median(samples),
-        ops: warm + iterations * reps as u64,
-    })
-}
-
-/// A loop that cannot fail, for [`time_per_op`].
-pub(crate) fn infallible(body: impl Fn(u64)) -> impl FnMut(u64) -> Result<(), String> {
-    move |n| {
-        body(n);
-        Ok(())
-    }
-}
-
-/// Events a buffer has recorded, and events it lost (dropped, or overrun while committing),
-/// over all its CPUs.
-pub(crate) fn tally(buffer: &RingBuffer) -> (u64, u64) {
-    (0..buffer.nr_cpus())
-        .map(|cpu| buffer.stats(cpu))
-        .fold((0, 0), |(written, lost), s| {
-            (
-                written + s.written,
-                lost + s.dropped_events + s.commit_overrun,
-            )
-        })
-}
-
-/// [`time_per_op`], then a check that `buffer` recorded exactly `per_op` events for each
-/// operation and lost none.
-pub(crate) fn time_recorded(
-    name: &str,
-    buffer: &RingBuffer,
-    per_op: u64,
-    iterations: u64,
-    reps: usize,
-    body: impl FnMut(u64) -> Result<(), String>,
-) -> Result<f64, String> {
-    let before = tally(buffer);
-    let timing = time_per_op(iterations, reps, body)?;
-    let after = tally(buffer);
-    let (written, lost) = (after.0 - before.0, after.1 - before.1);
-    if lost != 0 {
-        return Err(format!(
-            "{name}: the buffer lost {lost} events in {} operations",
-            timing.ops
-        ));
-    }
-    if written != per_op * timing.ops {
-        return Err(format!(
-            "{name}: {written} events recorded for {} operations, expected {}",
-            timing.ops,
-            per_op * timing.ops
-        ));
-    }
-    Ok(timing.ns_per_op)
 }
 
 /// Defines the dynamic event `definition` (`f:GROUP/EVENT ...` or `e:GROUP/EVENT ...`),
@@ -309,13 +238,17 @@ fn ints3_loop(n: u64) {
     black_box(acc);
 }
 
-/// `ints3` events whose key `a` cycles over 1024 values from `base` (the hist figures).
+/// Keys one hist-figure writer cycles over.
+const HIST_KEYS: u64 = 64;
+
+/// `ints3` events whose key `a` cycles over [`HIST_KEYS`] values from `base` (the hist
+/// figures).
 #[inline(never)]
 fn hist_loop(n: u64, base: u64) {
     let mut acc = 0u64;
     for i in 0..n {
         acc = acc.wrapping_add(black_box(i));
-        ints3::trace(base + (i & 1023), acc, 7);
+        ints3::trace(base + (i % HIST_KEYS), acc, 7);
     }
     black_box(acc);
 }
@@ -450,24 +383,6 @@ fn call_loop(n: u64) {
         acc = acc.wrapping_add(ustrace_bench_target(black_box(i), 7));
     }
     black_box(acc);
-}
-
-pub(crate) fn append(path: &str, text: &str) -> Result<(), String> {
-    let mut file = ustrace::tracefs()
-        .open(path, OpenFlags::APPEND)
-        .map_err(|e| format!("open {path}: {e}"))?;
-    file.write(text.as_bytes())
-        .map_err(|e| format!("write {path}: {e}"))?;
-    Ok(())
-}
-
-pub(crate) fn set(path: &str, text: &str) -> Result<(), String> {
-    let mut file = ustrace::tracefs()
-        .open(path, OpenFlags::TRUNCATE)
-        .map_err(|e| format!("open {path}: {e}"))?;
-    file.write(text.as_bytes())
-        .map_err(|e| format!("write {path}: {e}"))?;
-    Ok(())
 }
 
 fn ring_buffer(name: &str) -> Result<RingBuffer, String> {
@@ -643,14 +558,14 @@ fn hist_figures(
         let one = time_per_op(n, reps, infallible(|k| hist_loop(k, 0)))?;
         // The second thread's keys are claimed here, so both runs find a warm table.
         let warm = n / 10 + 1;
-        hist_loop(warm, 1024);
+        hist_loop(warm, HIST_KEYS);
         let turn = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let mut samples = Vec::with_capacity(reps);
         for _ in 0..reps {
             let turn = turn.clone();
             let ns = two_threads(
                 move |k| {
-                    let base = (turn.fetch_add(1, Ordering::Relaxed) % 2) * 1024;
+                    let base = (turn.fetch_add(1, Ordering::Relaxed) % 2) * HIST_KEYS;
                     hist_loop(k, base);
                     0
                 },
@@ -680,6 +595,7 @@ fn hist_figures(
 
 /// A whole tracefs file.
 fn read_all(path: &str) -> Result<String, String> {
+    use ustrace::{FileSystem, OpenFlags};
     let mut file = ustrace::tracefs()
         .open(path, OpenFlags::READ)
         .map_err(|e| format!("open {path}: {e}"))?;
@@ -736,10 +652,10 @@ impl Baselines {
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
     if args.peers {
-        return crate::bench_peers::run(&args);
+        return crate::bench_peers::run(&args.settings());
     }
     if args.scale {
-        return crate::bench_scale::run(&args);
+        return crate::bench_scale::run(&args.settings());
     }
     let n = args.iterations.max(1000);
     let reps = args.repetitions.max(1);

@@ -15,7 +15,7 @@ use std::hint::black_box;
 
 use ustrace::trace::tracing;
 
-use crate::bench::{append, set, time_recorded};
+use crate::bench_measure::{append, set, time_recorded};
 
 ustrace::trace_event! {
     /// The first event of a pair: its time stamp is saved per key.

@@ -27,7 +27,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::bench::{append, infallible, set, time_per_op, time_recorded, BenchArgs};
+use crate::bench_measure::{
+    append, infallible, json_escape, set, time_per_op, time_recorded, Settings,
+};
 use ustrace::trace::tracing as ustrace_tracing;
 
 /// Every row `--peers` reports, in order. Rows whose tracer is missing are printed as
@@ -797,7 +799,7 @@ fn stream_bytes(dir: &Path) -> u64 {
 }
 
 /// Runs every peer; rows in [`NAMES`] order.
-pub(crate) fn measure(args: &BenchArgs) -> Result<Vec<Row>, String> {
+pub(crate) fn measure(args: &Settings) -> Result<Vec<Row>, String> {
     let n = args.iterations.max(1000);
     let reps = args.repetitions.max(1);
     // Peers that write every call to disk, or trap into the kernel, run fewer calls.
@@ -891,7 +893,7 @@ pub(crate) fn measure(args: &BenchArgs) -> Result<Vec<Row>, String> {
     Ok(out)
 }
 
-pub fn run(args: &BenchArgs) -> Result<(), String> {
+pub fn run(args: &Settings) -> Result<(), String> {
     let rows = measure(args)?;
     let find = |name: &str| {
         rows.iter()
@@ -963,17 +965,4 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-pub(crate) fn json_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out
 }

@@ -37,8 +37,9 @@ use ustrace::event::{registry, EventClass, FieldDesc, Layout};
 use ustrace::trace::{tracing, EventFile};
 use ustrace::{Errno, FileSystem};
 
-use crate::bench::{infallible, median, set, tally, time_per_op, time_recorded, BenchArgs};
-use crate::bench_peers::json_escape;
+use crate::bench_measure::{
+    infallible, json_escape, median, set, tally, time_per_op, time_recorded, Settings,
+};
 
 /// The curves `--scale` reports, in order.
 pub const NAMES: [&str; 5] = [
@@ -565,7 +566,7 @@ impl Drop for Scratch {
     }
 }
 
-pub fn run(args: &BenchArgs) -> Result<(), String> {
+pub fn run(args: &Settings) -> Result<(), String> {
     let n = args.iterations.max(1000);
     let reps = args.repetitions.max(1);
     let mut points = Vec::new();

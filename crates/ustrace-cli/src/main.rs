@@ -1,8 +1,8 @@
 //! `ustrace`: the command-line door to ustrace.
 //!
 //! `demo` and `bench` run in this process on the built-in workload; the other verbs reach a
-//! running process's tracefs over its control socket (`ps`, `cat`, `write`, `ls`, `pipe`) or
-//! a FUSE mount (`mount`).
+//! running process's tracefs over its control socket (`ps`, `cat`, `write`, `ls`, `pipe`,
+//! `hist`) or a FUSE mount (`mount`).
 
 /// `println!` for what the verbs print: a reader that went away (`ustrace demo | head`) ends
 /// the process quietly and successfully, where `println!` would panic on the broken pipe.
@@ -24,9 +24,11 @@ macro_rules! out {
 
 mod bench;
 mod bench_inter;
+mod bench_measure;
 mod bench_peers;
 mod bench_scale;
 mod demo;
+mod hist;
 mod mount;
 mod remote;
 
@@ -43,6 +45,7 @@ Examples:
   ustrace write -p 1234 events/kv/enable 1
   ustrace cat -p 1234 trace
   ustrace pipe -p 1234                  stream events until Ctrl-C
+  ustrace hist -p 1234 kv:get           draw the event's hist (after a hist: trigger)
   sudo ustrace mount -p 1234 /mnt/t &   then use it as /sys/kernel/tracing:
   echo 1 > /mnt/t/events/kv/enable; cat /mnt/t/trace_pipe";
 
@@ -88,6 +91,14 @@ enum Command {
     #[command(after_help = "Examples:\n  ustrace pipe -p 1234\n  \
                             ustrace pipe -p 1234 --instance foo")]
     Pipe(remote::PipeArgs),
+    /// Draw an event's hist as bar charts; write a flame graph of a stacktrace-keyed one.
+    #[command(after_help = "Examples:\n  \
+                            ustrace write -p 1234 events/kv/get/trigger 'hist:keys=latency_ns.log2'\n  \
+                            ustrace hist -p 1234 kv:get\n  \
+                            ustrace hist -p 1234 --svg kv.svg kv/get     (keys=common_stacktrace)\n  \
+                            ustrace hist --tracefs /sys/kernel/tracing kmem:kmalloc\n  \
+                            ustrace hist --file saved.hist --value bytes_req")]
+    Hist(hist::HistArgs),
     /// Mount a running process's tracefs on a directory until interrupted.
     #[command(after_help = "Examples:\n  ustrace mount -p 1234 /mnt/t &\n  \
                             echo 1 > /mnt/t/events/kv/enable\n  cat /mnt/t/trace\n  \
@@ -202,6 +213,7 @@ fn main() -> ExitCode {
         Command::Write(args) => remote::write(args),
         Command::Ls(args) => remote::ls(args),
         Command::Pipe(args) => remote::pipe(args),
+        Command::Hist(args) => hist::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Completions { shell } => {
             let mut out = Vec::new();

@@ -4,7 +4,6 @@
 
 use std::io::Write;
 use ustrace_ctl::client::{Client, CtlError};
-use ustrace_ctl::discover;
 use ustrace_ctl::proto::MAX_DATA;
 use ustrace_ctl::vfs::{FileKind, OpenFlags};
 
@@ -136,7 +135,7 @@ fn event_counts(socket: &std::path::Path) -> (String, String) {
 }
 
 pub fn ps(args: PsArgs) -> Result<(), String> {
-    let served = discover::list();
+    let served = ustrace_ctl::client::list();
     if served.is_empty() {
         eprintln!("ustrace: no process serves a tracefs (start one with USTRACE_SERVE=1)");
         return Ok(());

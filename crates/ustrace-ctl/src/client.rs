@@ -348,3 +348,49 @@ impl Client {
         Reply::decode(&body).map_err(|e| CtlError::Protocol(e.to_string()))
     }
 }
+
+/// One process that answered on its control socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    /// The process id.
+    pub pid: u32,
+    /// The process's command name, as it reported it.
+    pub comm: String,
+    /// The socket it answered on.
+    pub socket: PathBuf,
+    /// The protocol version it speaks.
+    pub version: u8,
+}
+
+/// Lists the processes serving a tracefs in `dirs`: asks each live socket who it is, and
+/// removes the sockets that nobody listens on any more (the pid now belongs to another
+/// process).
+pub fn list_in(dirs: &[PathBuf]) -> Vec<Served> {
+    let mut out = Vec::new();
+    for (pid, path) in discover::live_sockets_in(dirs) {
+        match Client::connect_path(&path) {
+            Ok(mut client) => {
+                client.set_timeout(Some(Duration::from_secs(2)));
+                if let Ok(info) = client.hello() {
+                    out.push(Served {
+                        pid,
+                        comm: info.comm,
+                        socket: path,
+                        version: info.version,
+                    });
+                }
+            }
+            Err(e) if e.errno().0 == libc::ECONNREFUSED => {
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(_) => {}
+        }
+    }
+    out.sort_by_key(|s| s.pid);
+    out
+}
+
+/// Lists every process serving a tracefs that this user can see (`ustrace ps`).
+pub fn list() -> Vec<Served> {
+    list_in(&discover::scan_dirs())
+}

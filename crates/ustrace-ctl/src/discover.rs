@@ -7,18 +7,16 @@
 //! own environment names (root can read it), its own, the defaults for P's uid, then those
 //! private fallbacks; it trusts a directory only if P's user (or root) owns it and nobody
 //! else can replace what is in it ([`unsafe_dir`]), so a socket planted by another user is
-//! never taken for P's. `ustrace ps` lists every socket it can see, asks each one
-//! who it is, and removes the sockets whose process is gone (a killed process cannot remove
-//! its own).
+//! never taken for P's. [`live_sockets_in`] finds every socket it can see and removes those
+//! whose process is gone (a killed process cannot remove its own); asking each live one who it
+//! is, for `ustrace ps`, is the client's ([`crate::client::list`]).
 
-use crate::client::Client;
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// Overrides the socket directory, for the server and for clients alike.
 pub const SOCKET_DIR_ENV: &str = "USTRACE_SOCKET_DIR";
@@ -216,18 +214,39 @@ pub fn find_socket(pid: u32) -> io::Result<PathBuf> {
     ))
 }
 
-/// One process that answered on its control socket.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Served {
-    pub pid: u32,
-    /// The process's command name, as it reported it.
-    pub comm: String,
-    pub socket: PathBuf,
-    /// The protocol version it speaks.
-    pub version: u8,
+/// The control sockets in `dirs` whose process is alive and whose directory its user
+/// trusts, as `(pid, socket)`; sockets of dead processes are removed on the way.
+pub fn live_sockets_in(dirs: &[PathBuf]) -> Vec<(u32, PathBuf)> {
+    let mut out = Vec::new();
+    for dir in dirs {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in rd.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let Some(pid) = name
+                .strip_suffix(".sock")
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let path = entry.path();
+            if uid_of(pid).is_some_and(|uid| !trusted_dir(dir, uid)) {
+                continue;
+            }
+            if !pid_alive(pid) {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            out.push((pid, path));
+        }
+    }
+    out
 }
 
-fn scan_dirs() -> Vec<PathBuf> {
+/// Every directory a process of this user (every user, for root) may serve from.
+pub fn scan_dirs() -> Vec<PathBuf> {
     let mut dirs = vec![default_socket_dir()];
     dirs.extend(fallback_dirs(euid()));
     if std::env::var_os(SOCKET_DIR_ENV).is_none() && euid() == 0 {
@@ -255,59 +274,6 @@ fn scan_dirs() -> Vec<PathBuf> {
     let mut seen = HashSet::new();
     dirs.retain(|d| seen.insert(d.clone()));
     dirs
-}
-
-/// Lists the processes serving a tracefs in `dirs`, removing the sockets of dead ones.
-pub fn list_in(dirs: &[PathBuf]) -> Vec<Served> {
-    let mut out = Vec::new();
-    for dir in dirs {
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            continue;
-        };
-        for entry in rd.flatten() {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            let Some(pid) = name
-                .strip_suffix(".sock")
-                .and_then(|p| p.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let path = entry.path();
-            if uid_of(pid).is_some_and(|uid| !trusted_dir(dir, uid)) {
-                continue;
-            }
-            if !pid_alive(pid) {
-                let _ = std::fs::remove_file(&path);
-                continue;
-            }
-            match Client::connect_path(&path) {
-                Ok(mut client) => {
-                    client.set_timeout(Some(Duration::from_secs(2)));
-                    if let Ok(info) = client.hello() {
-                        out.push(Served {
-                            pid,
-                            comm: info.comm,
-                            socket: path,
-                            version: info.version,
-                        });
-                    }
-                }
-                // The pid lives on in another process that does not listen here.
-                Err(e) if e.errno().0 == libc::ECONNREFUSED => {
-                    let _ = std::fs::remove_file(&path);
-                }
-                Err(_) => {}
-            }
-        }
-    }
-    out.sort_by_key(|s| s.pid);
-    out
-}
-
-/// Lists every process serving a tracefs that this user can see.
-pub fn list() -> Vec<Served> {
-    list_in(&scan_dirs())
 }
 
 #[cfg(test)]

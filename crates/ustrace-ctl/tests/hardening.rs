@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ustrace_ctl::client::{Client, CtlError};
+use ustrace_ctl::client::{self, Client, CtlError};
 use ustrace_ctl::discover;
 use ustrace_ctl::memfs::MemFs;
 use ustrace_ctl::proto::Reply;
@@ -333,7 +333,7 @@ fn another_user_cannot_stop_a_server_by_taking_its_directory() {
     let mut c = Client::connect(pid).unwrap();
     assert_eq!(c.hello().unwrap().pid, pid);
     assert!(
-        discover::list()
+        client::list()
             .iter()
             .any(|s| s.pid == pid && s.socket == socket),
         "ustrace ps does not list the server in its fallback directory"
@@ -354,7 +354,7 @@ fn discovery_ignores_sockets_in_directories_others_control() {
     let dir = s.handle.socket_path().parent().unwrap().to_owned();
     let me = std::process::id();
     assert_eq!(
-        discover::list_in(std::slice::from_ref(&dir))
+        client::list_in(std::slice::from_ref(&dir))
             .iter()
             .filter(|x| x.pid == me)
             .count(),
@@ -362,7 +362,7 @@ fn discovery_ignores_sockets_in_directories_others_control() {
     );
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     assert!(
-        discover::list_in(std::slice::from_ref(&dir)).is_empty(),
+        client::list_in(std::slice::from_ref(&dir)).is_empty(),
         "listed a socket from a directory anyone can write"
     );
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();

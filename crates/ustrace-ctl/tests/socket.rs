@@ -566,7 +566,7 @@ fn discovery_lists_live_servers_and_removes_stale_sockets() {
     // pid_max is at most 2^22, so no process can have this pid.
     let dead = dir.join("4194304.sock");
     drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
-    let found = ustrace_ctl::discover::list_in(std::slice::from_ref(&dir));
+    let found = ustrace_ctl::client::list_in(std::slice::from_ref(&dir));
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].pid, std::process::id());
     assert!(!found[0].comm.is_empty());

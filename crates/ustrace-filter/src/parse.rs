@@ -262,6 +262,9 @@ fn build_steps(
     let mut invert = false;
     let mut errno = ENOMEM;
     let mut ptr = 0usize;
+    // Only the end of the text right after a predicate (or a `)`) completes the expression;
+    // running out of text after `&&`, `||` or `!` leaves an operator without its operand.
+    let mut complete = false;
     'outer: while at(s, ptr) != 0 {
         let next = ptr;
         ptr += 1;
@@ -328,6 +331,7 @@ fn build_steps(
                 break;
             }
             if c == 0 {
+                complete = true;
                 break 'outer;
             }
             if top == 0 {
@@ -335,6 +339,9 @@ fn build_steps(
             }
             stack.pop();
         }
+    }
+    if !complete && !prog.is_empty() {
+        return Err(FilterError::new(ErrorKind::InvalidFilter, ptr, EINVAL));
     }
     if stack.len() != 1 {
         return Err(FilterError::new(ErrorKind::TooManyOpen, ptr, errno));

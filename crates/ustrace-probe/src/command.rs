@@ -451,7 +451,12 @@ fn expand_meta_args(
     for (i, w) in words.iter().enumerate() {
         // `$arg*` must stand alone: a name or type on it is refused (the
         // kernel says BAD_VAR or silently drops the type; ustrace says why).
-        if w.contains("=$arg*") || (w.starts_with("$arg*") && w.len() > 5) {
+        // The caret goes to the `$arg*` after a name, where the kernel's parser stands
+        // when it refuses the variable (dynevent/fprobe_syntax_errors.tc checks it).
+        if let Some(eq) = w.find("=$arg*") {
+            return Err(log.err(E::BAD_VAR_ARGS, i + 2, eq + 1, Errno::Inval));
+        }
+        if w.starts_with("$arg*") && w.len() > 5 {
             return Err(log.err(E::BAD_VAR_ARGS, i + 2, 0, Errno::Inval));
         }
         let Some(rest) = w.strip_prefix("$arg") else {

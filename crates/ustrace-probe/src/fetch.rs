@@ -721,8 +721,9 @@ impl ArgParser<'_, '_> {
                 cur.code.push(Insn::Comm);
                 return Ok(());
             }
-            // The kernel reports an unknown field against the whole word.
-            return Err(ArgError::new(E::BAD_VAR, 0));
+            // At the `$`, past any `NAME=`, as the kernel's parse_probe_vars reports it
+            // (the selftest dynevent/eprobes_syntax_errors.tc checks the caret).
+            return Err(ArgError::new(E::BAD_VAR, cur.offset));
         }
         let inval = |id| Err(ArgError::new(id, cur.offset));
         if arg.starts_with("retval") {

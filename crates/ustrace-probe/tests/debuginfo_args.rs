@@ -192,7 +192,8 @@ fn debug_info_errors() {
             ErrorId::BAD_VAR_ARGS,
             23,
         ),
-        ("f ustrace_probe_target a=$arg*", ErrorId::BAD_VAR_ARGS, 23),
+        // The caret at `$arg*`, past the name (dynevent/fprobe_syntax_errors.tc).
+        ("f ustrace_probe_target a=$arg*", ErrorId::BAD_VAR_ARGS, 25),
         (
             "f ustrace_probe_void%return $retval",
             ErrorId::NO_RETVAL,

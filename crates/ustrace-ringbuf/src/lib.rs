@@ -33,6 +33,7 @@
 
 pub mod clock;
 pub mod cpu;
+mod mapping;
 pub mod page;
 mod region;
 mod rseq;

@@ -77,13 +77,13 @@
 //! makes it an empty, open region of its CPU again, in place.
 
 use crate::clock::{self, Clock};
+use crate::mapping::{Mapping, LAYOUT_VERSION, REGION_MAGIC};
 use crate::page::{
     self, event_size, payload_offset, write_data_header, write_end_padding, write_time_extend,
     PageDecoder, RecordKind, DATA_SIZE, PAGE_HEADER_SIZE, PAGE_SIZE, TIME_EXTEND_SIZE, TS_MASK,
     TS_SHIFT,
 };
 use crate::rseq;
-use crate::shm::{Mapping, LAYOUT_VERSION, REGION_MAGIC};
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -536,7 +536,7 @@ impl Region {
     }
 
     fn pages_offset(nr_pages: usize) -> usize {
-        crate::shm::round_up(Self::map_offset(nr_pages) + nr_pages * 8, PAGE_SIZE)
+        crate::mapping::round_up(Self::map_offset(nr_pages) + nr_pages * 8, PAGE_SIZE)
     }
 
     /// Creates a zeroed region file for `cpu` with `nr_pages` pages.
@@ -1978,7 +1978,7 @@ mod tests {
     use std::sync::Arc;
 
     fn region(name: &str, pages: usize) -> Region {
-        let path = crate::shm::shm_dir()
+        let path = crate::mapping::shm_dir()
             .join(format!("ustrace-region-test-{name}-{}", std::process::id()));
         Region::create(&path, 0, pages).expect("region")
     }

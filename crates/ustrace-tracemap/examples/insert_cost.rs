@@ -85,6 +85,7 @@ fn main() {
     run("1000 keys, 8-byte key", &keys::<8>(1000), iters);
     run("1 key, 24-byte key", &keys::<24>(1), iters);
     run("1000 keys, 24-byte key", &keys::<24>(1000), iters);
+    run("1000 keys, 12-byte key", &keys::<12>(1000), iters);
     run_threads("2 threads, 1 shared key", &keys::<8>(1), iters / 4);
     run_threads("2 threads, 1000 shared keys", &keys::<8>(1000), iters / 4);
 }

@@ -65,7 +65,7 @@ fn update_path_does_not_allocate() {
                 sum += e.take_var(0).unwrap_or(0) + e.var(1).unwrap_or(0) + e.val(1);
             }
             if let Some(e) = map.lookup(&key) {
-                sum += e.val(0) + e.key()[0] as u64;
+                sum += e.val(0) + e.val(2);
             }
         }
         map.for_each(|e| sum += e.val(0));

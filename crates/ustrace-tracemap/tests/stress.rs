@@ -229,11 +229,11 @@ fn clear_racing_writers_leaves_a_consistent_map() {
         map.for_each(|e| {
             n += 1;
             assert!(
-                elts.insert(e.key().as_ptr() as usize),
+                elts.insert(e as *const _ as *const u8 as usize),
                 "element in two slots"
             );
             assert!(keys.insert(e.key().to_vec()), "key claimed twice");
-            let found = map.lookup(e.key()).expect("published key found");
+            let found = map.lookup(&e.key()).expect("published key found");
             assert!(std::ptr::eq(found, e), "lookup reaches another element");
         });
         assert_eq!(n, map.len(), "len counts exactly the published elements");

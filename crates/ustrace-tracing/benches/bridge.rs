@@ -1,7 +1,18 @@
-//! A `tracing::info!` with three integer fields through the ustrace layer, beside `tracing`
-//! with no subscriber, with a subscriber that does nothing, and with the fmt layer into a
-//! sink (issue 17's comparison; `ustrace bench --filter 'tracing*'` gives the same figures
-//! with their checks).
+//! A `tracing::info!` with three integer fields through the ustrace layer, beside `tracing`'s
+//! null subscriber and its fmt layer (issue 17's comparison; `ustrace bench --filter
+//! 'tracing*'` gives the same figures with their checks):
+//!
+//! - `tracing_event_off/no_subscriber`: no subscriber installed, so the default dispatcher
+//!   is `tracing`'s null subscriber (`NoSubscriber`) and the callsite is disabled: the floor
+//!   of `tracing_event_off/ustrace_layer` (the layer installed, the event off).
+//! - `tracing_event_3fields/ustrace_layer`: the event enabled in an instance, recorded.
+//! - `tracing_event_3fields/null_subscriber`: a subscriber that is interested in every
+//!   callsite and does nothing with the event: what `tracing`'s dispatch costs by itself,
+//!   the part of `ustrace_layer` that is not ours. It is a scoped dispatcher
+//!   (`with_default`), which `tracing` finds through a thread local: a little dearer than
+//!   the global default the layer is measured under.
+//! - `tracing_event_3fields/fmt_layer_sink`: `tracing-subscriber`'s fmt layer writing the
+//!   same event into `std::io::sink`.
 //!
 //! One function runs every case in order, because the first needs a process where no
 //! subscriber was ever installed and the ustrace layer then stays the global default.
@@ -29,7 +40,8 @@ fn fields3_other(i: u64) {
     tracing::info!(name: "fields3", a = i, b = 2u64, c = 3u64);
 }
 
-/// A subscriber that is interested in everything and does nothing.
+/// A null subscriber that, unlike `NoSubscriber`, is interested in everything: it sees each
+/// event and drops it.
 struct Nothing;
 
 impl tracing::Subscriber for Nothing {

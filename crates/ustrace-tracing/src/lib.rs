@@ -40,7 +40,7 @@ pub mod names;
 pub mod record;
 mod sites;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use tracing_core::span::{Attributes, Id, Record};
 use tracing_core::subscriber::Interest;
@@ -211,7 +211,9 @@ fn site(meta: &'static Metadata<'static>) -> Option<&'static Site> {
 
 thread_local! {
     /// Where records are built before they are copied into the recording instances.
-    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(record::MAX_RECORD + 64));
+    // Const-initialized, so reaching it is no lazy-init check; its room is allocated by the
+    // thread's first record and kept.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Builds a record in the thread's scratch buffer (a fresh one if a `Debug` impl being
@@ -228,6 +230,10 @@ fn build(
         let Ok(mut buf) = scratch.try_borrow_mut() else {
             return false;
         };
+        if buf.capacity() == 0 {
+            // Room for the longest record, so text never reallocates it.
+            buf.reserve(record::MAX_RECORD + 64);
+        }
         layout.begin(&mut buf, level);
         (fill.take().expect("once"))(&mut Fill {
             layout,
@@ -247,6 +253,28 @@ fn build(
             with(&buf);
         }
     }
+}
+
+thread_local! {
+    /// The callsite this thread recorded last and its site: a loop or a handler records
+    /// the same callsite again and again, and one compare here spares the table's chain of
+    /// dependent loads (table, slots, key, value).
+    static LAST_SITE: Cell<(usize, *const Site)> = const { Cell::new((0, std::ptr::null())) };
+}
+
+/// [`SITES`]`.get(meta)` through the thread's one-entry cache.
+#[inline(always)]
+fn event_site(meta: &Metadata<'_>) -> Option<&'static Site> {
+    let key = meta as *const Metadata<'_> as usize;
+    if let Ok((last, site)) = LAST_SITE.try_with(Cell::get) {
+        if last == key {
+            // SAFETY: only `&'static Site`s from `SITES` are cached; sites are never freed.
+            return unsafe { site.as_ref() };
+        }
+    }
+    let site = SITES.get(meta)?;
+    let _ = LAST_SITE.try_with(|last| last.set((key, site)));
+    Some(site)
 }
 
 /// Copies a built record (after its header) into every instance recording `event`.
@@ -309,7 +337,7 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let site = match SITES.get(event.metadata()) {
+        let site = match event_site(event.metadata()) {
             // `tracing-log`'s callsites are not always registered with `tracing` (then no
             // subscriber hears of them): a miss may still be a `log` record.
             Some(Site::Log) | None => {

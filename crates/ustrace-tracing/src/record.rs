@@ -34,23 +34,21 @@ use ustrace::event::{FieldDesc, FieldKind};
 /// The longest record built: `__data_loc` offsets are 16 bits, and a record must fit a page.
 pub const MAX_RECORD: usize = 3072;
 
-/// Where one callsite field goes.
-#[derive(Clone, Copy, Debug)]
-pub enum Slot {
-    /// The `message` field: text only.
-    Message {
-        loc: usize,
-    },
-    Value {
-        num: usize,
-        loc: usize,
-    },
+/// Where one callsite field's value goes: record offsets, 0 for none (offset 0 is the
+/// common header, never a field). Two plain offsets rather than an enum, so that writing a
+/// value is a load and a store, with no match on the field's kind.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Slot {
+    /// The `s64` of a value field; 0 for `message`, which is text only.
+    pub num: u16,
+    /// The `__data_loc` word of the field's text.
+    pub loc: u16,
 }
 
 /// A callsite's record layout.
 pub struct Layout {
     /// By the field's index in the callsite's field set.
-    pub slots: Vec<Slot>,
+    pub slots: Box<[Slot]>,
     pub fields: Vec<FieldDesc>,
     /// Size of the fixed part, common header included: dynamic data starts here.
     pub fixed: usize,
@@ -96,7 +94,7 @@ impl Layout {
             fields.push(desc("span_id".into(), "u64", end, 8, false));
             end += 8;
         }
-        let mut slots = vec![Slot::Message { loc: 0 }; names.len()];
+        let mut slots = vec![Slot::default(); names.len()];
         let mut nums = vec![0; names.len()];
         for (i, name) in names.iter().enumerate() {
             if message.is_some_and(|(at, _)| at == i) {
@@ -109,7 +107,12 @@ impl Layout {
         }
         for (i, name) in names.iter().enumerate() {
             match message {
-                Some((at, loc)) if at == i => slots[i] = Slot::Message { loc },
+                Some((at, loc)) if at == i => {
+                    slots[i] = Slot {
+                        num: 0,
+                        loc: loc as u16,
+                    }
+                }
                 _ => {
                     fields.push(desc(
                         format!("{}_str", crate::names::sanitize(name)),
@@ -118,9 +121,9 @@ impl Layout {
                         4,
                         false,
                     ));
-                    slots[i] = Slot::Value {
-                        num: nums[i],
-                        loc: end,
+                    slots[i] = Slot {
+                        num: nums[i] as u16,
+                        loc: end as u16,
                     };
                     end += 4;
                 }
@@ -141,8 +144,11 @@ impl Layout {
             let _ = write!(text, "{}={conv}", f.name);
             let _ = write!(args, ", {}", f.print_arg());
         }
+        // Slots hold 16-bit offsets: a `tracing` callsite has at most 32 fields, 12 bytes
+        // each here, so the fixed part stays far below 64 KiB (and below a page).
+        assert!(end < MAX_RECORD, "{} fields", names.len());
         Layout {
-            slots,
+            slots: slots.into_boxed_slice(),
             fields,
             zeros: vec![0; end].into_boxed_slice(),
             fixed: end,
@@ -206,19 +212,27 @@ pub struct Fill<'a> {
 }
 
 impl Fill<'_> {
+    #[inline(always)]
     fn num(&mut self, field: &Field, value: u64) {
-        if let Some(Slot::Value { num, .. }) = self.layout.slots.get(field.index()) {
-            self.buf[*num..*num + 8].copy_from_slice(&value.to_ne_bytes());
+        let Some(slot) = self.layout.slots.get(field.index()) else {
+            return;
+        };
+        let at = usize::from(slot.num);
+        if at == 0 {
+            return;
+        }
+        if let Some(dst) = self.buf.get_mut(at..at + 8) {
+            dst.copy_from_slice(&value.to_ne_bytes());
         }
     }
 
     fn text(&mut self, field: &Field, write: impl FnOnce(&mut Text<'_>)) {
-        let loc = match self.layout.slots.get(field.index()) {
-            Some(Slot::Message { loc }) | Some(Slot::Value { loc, .. }) => *loc,
-            None => return,
+        let Some(slot) = self.layout.slots.get(field.index()) else {
+            return;
         };
+        let loc = usize::from(slot.loc);
         let start = self.buf.len();
-        if start >= MAX_RECORD {
+        if loc == 0 || start >= MAX_RECORD {
             return;
         }
         write(&mut Text { buf: self.buf });

@@ -334,3 +334,50 @@ fn spans_pair_up_across_threads() {
         .iter()
         .all(|l| l.contains(" job=") && l.contains(" round=")));
 }
+
+mod alt {
+    pub fn first(n: u64) {
+        tracing::info!(name: "first", n);
+    }
+    pub fn second(n: u64) {
+        tracing::info!(name: "second", n, twice = n * 2);
+    }
+}
+
+/// A thread remembers the callsite it recorded last: callsites that alternate on one
+/// thread must still each record their own event, with their own layout.
+#[test]
+fn alternating_callsites_record_their_own_events() {
+    let _serial = setup();
+    let t = Instance::new("bridge_alternate");
+    alt::first(0);
+    alt::second(0);
+    t.write("events/bridge_alt/first/enable", "1").unwrap();
+    t.write("events/bridge_alt/second/enable", "1").unwrap();
+    for n in 1..=20 {
+        alt::first(n);
+        alt::second(n);
+        alt::second(n + 100);
+    }
+    let lines = t.lines();
+    assert_eq!(lines.len(), 60, "{lines:#?}");
+    for (i, chunk) in lines.chunks(3).enumerate() {
+        let n = i as u64 + 1;
+        assert!(
+            chunk[0].ends_with(&format!("first: INFO n={n}")),
+            "{chunk:#?}"
+        );
+        assert!(
+            chunk[1].ends_with(&format!("second: INFO n={n} twice={}", n * 2)),
+            "{chunk:#?}"
+        );
+        assert!(
+            chunk[2].ends_with(&format!(
+                "second: INFO n={} twice={}",
+                n + 100,
+                (n + 100) * 2
+            )),
+            "{chunk:#?}"
+        );
+    }
+}

@@ -30,7 +30,8 @@ use ustrace_probe::{
 };
 
 use crate::event::{registry, Attachment, EventClass, EventId, FieldDesc, FieldKind};
-use crate::trace::{tracing, EventFile};
+use crate::event_file::EventFile;
+use crate::trace::tracing;
 use crate::tracefs::files::TextFile;
 
 /// A dynamic event's class: its definition and compiled program.
@@ -465,7 +466,7 @@ impl EventClass for DynEvent {
                 Ok(Box::new(Attached::Tracepoint(tp, id)))
             }
             ProbeKind::Eprobe => {
-                let instance = file.instance.upgrade().ok_or(Errno::ENODEV)?;
+                let instance = crate::trace::instance_of(&file).ok_or(Errno::ENODEV)?;
                 let source = instance
                     .file(self.source.ok_or(Errno::ENOENT)?)
                     .ok_or(Errno::ENOENT)?;

@@ -18,9 +18,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::event::Event;
+use crate::event_file::{EventFile, EventSource};
 use crate::stage::filter::compile;
-use crate::trace::{EventFile, Instance};
+use crate::trace::Instance;
 use ustrace_ctl::vfs::Errno;
 
 pub use crate::buffers::PidLists;
@@ -36,7 +36,11 @@ pub const SYSTEM_HEADER: &str = "### global filter ###\n\
 # If no events are modified, an error message will be displayed here\n";
 
 /// Compiles a trigger's `if` filter; an error is logged as the kernel logs it.
-pub fn compile_for(instance: &Instance, event: &Event, text: &str) -> Result<Compiled, Errno> {
+pub fn compile_for(
+    instance: &Instance,
+    event: &dyn EventSource,
+    text: &str,
+) -> Result<Compiled, Errno> {
     compile(&event.all_fields(), text)
         .map(Compiled::new)
         .map_err(|e| {

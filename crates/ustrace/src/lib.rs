@@ -101,6 +101,7 @@ pub mod cpumask;
 pub mod dynevent;
 pub mod dynevent_cmd;
 pub mod event;
+pub mod event_file;
 pub mod filter;
 pub mod hist;
 pub mod hist_inter;

@@ -26,8 +26,9 @@ use std::sync::{Arc, Mutex, Weak};
 use ustrace_ctl::vfs::Errno;
 
 use crate::event::{registry, Attachment, EventClass, EventId, FieldDesc};
+use crate::event_file::EventFile;
 use crate::rcu::RcuCell;
-use crate::trace::{tracing, EventFile};
+use crate::trace::tracing;
 
 /// Renders a record's line text (after `name: `) for events whose fields a print format
 /// cannot show well; returns false to fall back to the print format.

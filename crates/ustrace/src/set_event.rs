@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use ustrace_ctl::vfs::Errno;
 
-use crate::trace::{EventFile, Instance};
+use crate::event_file::EventFile;
+use crate::trace::Instance;
 
 /// The event files one word selects.
 fn select(instance: &Instance, word: &str) -> Vec<Arc<EventFile>> {

@@ -15,8 +15,9 @@ use std::sync::Arc;
 use ustrace_ctl::vfs::Errno;
 use ustrace_filter::trigger::{self as syntax, Command, Kind, Trigger};
 
+use crate::event_file::EventFile;
 use crate::stage::trigger::SoftSwitch;
-use crate::trace::{EventFile, Instance};
+use crate::trace::Instance;
 
 pub use crate::stage::trigger::{RecordHook, Registered, MAX_STACK, MAX_TRIGGERS};
 

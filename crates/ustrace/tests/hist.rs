@@ -984,3 +984,55 @@ fn handlers_register_with_inter_event_support() {
     );
     write(&trig, "").unwrap();
 }
+
+/// The selftests' `reset_trigger`: each listed line, cut before its `[`, written back after
+/// a `!`, removes that trigger (named ones, filtered ones, with modifiers and clocks).
+#[test]
+fn listed_lines_remove_their_triggers() {
+    let _s = serial();
+    let trig = format!("{KMALLOC}/trigger");
+    write(
+        &trig,
+        "hist:keys=call_site.sym-offset:vals=bytes_req if bytes_req > 10",
+    )
+    .unwrap();
+    append(&trig, "hist:name=test_hist:keys=common_pid.execname").unwrap();
+    append(
+        &trig,
+        "hist:keys=common_cpu,gfp_flags.hex:t=common_timestamp.usecs:size=200",
+    )
+    .unwrap();
+    append(&trig, "hist:keys=cpu:vals=bytes_alloc:NOHC").unwrap();
+    append(&trig, "stacktrace:3").unwrap();
+    kmalloc::trace(1, 0, 20, 32, 0x10);
+    let listing = read(&trig).unwrap();
+    assert_eq!(listing.lines().count(), 5, "{listing}");
+    // `cpu` is the generic field when the event has none of that name.
+    assert!(
+        listing.contains(
+            "hist:keys=common_cpu:vals=bytes_alloc:sort=hitcount:size=2048:nohitcount [active]\n"
+        ),
+        "{listing}"
+    );
+    let hist = read(&format!("{KMALLOC}/hist")).unwrap();
+    // The CPU the event ran on (the thread may have moved since: any CPU of ours).
+    let line = hist
+        .lines()
+        .find(|l| l.starts_with("{ common_cpu:"))
+        .unwrap();
+    let cpu: usize = line["{ common_cpu:".len()..line.find(',').unwrap()]
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(cpu < ustrace_ringbuf::cpu::possible_cpus(), "{line}");
+    assert_eq!(
+        line,
+        format!("{{ common_cpu: {cpu:>10}, gfp_flags: 10 }} hitcount:          1")
+    );
+    for line in listing.lines() {
+        let cut = line.split('[').next().unwrap();
+        append(&trig, &format!("!{cut}")).unwrap();
+    }
+    assert!(read(&trig).unwrap().starts_with("# Available triggers:"));
+    assert_eq!(read(&format!("{KMALLOC}/hist")).unwrap(), "");
+}

@@ -870,14 +870,19 @@ impl Parser<'_> {
         let mut j = 1;
         let mut rest = self.attrs.vals_str.clone();
         let mut i = 0;
+        let mut n_hitcount = 0;
         while i < VALS_MAX && j < VALS_MAX {
             let Some(text) = rest.take() else { break };
             let (field_str, next) = strsep(&text, &[',']);
             let field_str = field_str.to_string();
             rest = next.map(str::to_string);
             i += 1;
+            // The first `hitcount` is the implicit one; another is a value of its own.
             if field_str == "hitcount" {
-                continue;
+                n_hitcount += 1;
+                if n_hitcount == 1 {
+                    continue;
+                }
             }
             self.create_val_field(&field_str, None, 0)?;
             j += 1;
@@ -902,7 +907,9 @@ impl Parser<'_> {
         let f = self.parse_expr(field_str, fl, var_name, &mut n_subexprs)?;
         // Values print sums, so only `.hex` — and `.percent`/`.graph`, which histogram.rst
         // documents for values (`vals=hitcount.percent`) — apply; variables may not be
-        // bucketed or drawn.
+        // bucketed or drawn. (Mainline's `__create_val_field` also refuses `.percent` and
+        // `.graph` on values since its 2023 "values cannot have modifiers" fix, which leaves
+        // them usable nowhere; we keep the documented behaviour.)
         let banned = if f.has(flags::VAR) {
             flags::GRAPH | flags::PERCENT | flags::BUCKET | flags::LOG2
         } else {
@@ -954,7 +961,13 @@ impl Parser<'_> {
             let field_str = field_str.to_string();
             rest = next.map(str::to_string);
             let mut n_subexprs = 0;
-            let mut f = self.parse_expr(&field_str, flags::KEY, None, &mut n_subexprs)?;
+            // The legacy key `stacktrace` is the stack even on an event with a field of
+            // that name, as the kernel's `create_key_field` checks it first.
+            let mut f = if field_str == "stacktrace" {
+                create_hist_field(None, flags::KEY | flags::STACKTRACE)?
+            } else {
+                self.parse_expr(&field_str, flags::KEY, None, &mut n_subexprs)?
+            };
             if f.has_vars() {
                 return Err(self.err(HistErrorKind::InvalidRefKey, &field_str));
             }

@@ -81,6 +81,18 @@ fn info_lines_of_the_document() {
 }
 
 #[test]
+fn a_second_hitcount_is_a_value() {
+    assert_eq!(
+        info("keys=call_site:vals=hitcount,hitcount"),
+        "hist:keys=call_site:vals=hitcount,hitcount:sort=hitcount:size=2048 [active]"
+    );
+    assert_eq!(
+        info("keys=call_site:vals=hitcount,bytes_req"),
+        "hist:keys=call_site:vals=hitcount,bytes_req:sort=hitcount:size=2048 [active]"
+    );
+}
+
+#[test]
 fn bucketed_values_are_refused() {
     // The kernel's error position is the first occurrence of the value's text.
     let spec = "key=call_site:val=bytes_req.buckets=32";

@@ -263,3 +263,17 @@ pub fn mutated(corpus: Vec<String>) -> impl Strategy<Value = String> {
             chars.into_iter().collect()
         })
 }
+
+/// Why a filter the live kernel took may be refused by ours: it ends in an operator without
+/// its operand (`a == 1 &&`, `a == 1 || !`). Kernels with the fix that the ftrace selftest
+/// `filter/event-filter-incomplete.tc` checks (Debian's 6.12.117 has it) refuse it as
+/// "Meaningless filter expression", as ours does; older ones, such as this machine's, take
+/// it. `None` when ours refuses `filter` for another reason, or takes it.
+pub fn incomplete_expression(filter: &str) -> Option<&'static str> {
+    let env = ustrace_filter::CompileEnv::default();
+    let e = ustrace_filter::compile(filter, &SYS_ENTER, &env).err()?;
+    (e.kind() == Some(ustrace_filter::ErrorKind::InvalidFilter)).then_some(
+        "an operator without its operand at the end: refused by kernels with the fix \
+         (6.12.117), taken by this one",
+    )
+}

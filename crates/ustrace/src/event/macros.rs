@@ -121,7 +121,7 @@ macro_rules! trace_event {
             }
 
             fn __attach(
-                file: ::std::sync::Arc<$crate::trace::EventFile>,
+                file: ::std::sync::Arc<$crate::event_file::EventFile>,
             ) -> $crate::tracepoint::ProbeId {
                 register(0, move |$($arg: $aty),*| {
                     if !file.wants_record() {

@@ -28,14 +28,9 @@ use std::sync::Arc;
 pub use field::{FieldDesc, FieldKind, FieldValue, FixedStr, Layout};
 pub use registry::{registry, Event, EventId};
 
-use crate::trace::EventFile;
+pub use crate::event_file::Attachment;
+use crate::event_file::EventFile;
 use ustrace_ctl::vfs::Errno;
-
-/// Stops feeding an event file; returned by [`EventClass::attach`].
-pub trait Attachment: Send + Sync {
-    /// Stops the records; after it returns no new record reaches the file.
-    fn detach(self: Box<Self>);
-}
 
 /// What makes an event: its names, its record layout, its print format, and how it is
 /// connected to the code that produces it.

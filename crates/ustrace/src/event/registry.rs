@@ -9,6 +9,8 @@ use std::sync::{Arc, OnceLock, RwLock};
 use super::field::{common_fields, FieldDesc};
 use super::print_fmt::PrintFmt;
 use super::{EventClass, MarkerEvent, StackEvent, UserStackEvent, EVENTS};
+use crate::event_file::{Attachment, EventFile, EventSource};
+use ustrace_ctl::vfs::Errno;
 
 pub use super::id::{EventId, MARKER_ID, STACK_ID, USER_STACK_ID};
 
@@ -85,6 +87,30 @@ impl Event {
     }
 }
 
+impl EventSource for Event {
+    fn id(&self) -> EventId {
+        self.id
+    }
+    fn system(&self) -> &str {
+        Event::system(self)
+    }
+    fn name(&self) -> &str {
+        Event::name(self)
+    }
+    fn module(&self) -> Option<&str> {
+        Event::module(self)
+    }
+    fn all_fields(&self) -> Vec<FieldDesc> {
+        Event::all_fields(self)
+    }
+    fn format_file(&self) -> String {
+        Event::format_file(self)
+    }
+    fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
+        self.class.attach(file)
+    }
+}
+
 /// All events of the process.
 pub struct Registry {
     events: RwLock<Vec<Arc<Event>>>,
@@ -133,7 +159,7 @@ impl EventClass for StaticRef {
     }
     fn attach(
         &self,
-        file: Arc<crate::trace::EventFile>,
+        file: Arc<crate::event_file::EventFile>,
     ) -> Result<Box<dyn super::Attachment>, ustrace_ctl::vfs::Errno> {
         self.0.attach(file)
     }

@@ -776,7 +776,7 @@ fn render_stack(instance: &Instance, record: &[u8], out: &mut String) {
 /// line a frame, up to the first 0 (the kernel names objects only with `sym-userobj`,
 /// which is not offered here).
 fn render_user_stack(instance: &Instance, record: &[u8], out: &mut String) {
-    let addrs: Vec<usize> = (0..crate::trace::USER_STACK_ENTRIES)
+    let addrs: Vec<usize> = (0..crate::event_file::USER_STACK_ENTRIES)
         .map_while(|i| record.get(16 + 8 * i..24 + 8 * i))
         .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")) as usize)
         .collect();

@@ -26,8 +26,9 @@ use ustrace_ctl::vfs::{DirEntry, Errno, FileKind, FileSystem, OpenFile, OpenFlag
 use ustrace_ringbuf::clock::Clock;
 
 use crate::event::registry::registry;
+use crate::event_file::EventFile;
 use crate::options::OPTIONS;
-use crate::trace::{try_tracing, EventFile, Instance, Tracing};
+use crate::trace::{try_tracing, Instance, Tracing};
 use files::{parse_bool, parse_ulong, text_arg, TextFile, WriteFn};
 use pipe::TracePipe;
 
@@ -502,7 +503,7 @@ fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
         ),
         File::EventHist(event_file) => text(crate::hist::show(&event_file)),
         File::EventFormat(event_file) => text(event_file.event.format_file()),
-        File::EventId(event_file) => text(format!("{}\n", event_file.event.id.0)),
+        File::EventId(event_file) => text(format!("{}\n", event_file.event.id().0)),
         File::HeaderPage => text(header_page()),
         File::HeaderEvent => text(HEADER_EVENT),
         File::Option(instance, name) => rw(
