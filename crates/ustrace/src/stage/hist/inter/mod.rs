@@ -454,26 +454,40 @@ impl TraceAction {
     /// `key` (for string variables) and the record.
     #[inline]
     fn fire(&self, elt: &Elt, key: &[u8], record: &[u8], vals: &[u64]) {
-        // Most synthetic events have a few fields: fill only a small array for them.
-        if self.params.len() <= 8 {
-            self.fire_with::<8>(elt, key, record, vals);
-        } else {
-            self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }>(elt, key, record, vals);
+        // Most synthetic events have a few fields and no string variable: fill only small
+        // arrays for them.
+        let strings = self
+            .params
+            .iter()
+            .any(|p| matches!(p, Param::RefStr { .. }));
+        match (self.params.len() <= 8, strings) {
+            (true, false) => self.fire_with::<8, 0>(elt, key, record, vals),
+            (true, true) => self.fire_with::<8, MAX_STR_PARAMS>(elt, key, record, vals),
+            (false, _) => self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }, MAX_STR_PARAMS>(
+                elt, key, record, vals,
+            ),
         }
     }
 
+    /// `N` values at most, `S` of them string variables.
     #[inline]
-    fn fire_with<const N: usize>(&self, elt: &Elt, key: &[u8], record: &[u8], vals: &[u64]) {
+    fn fire_with<const N: usize, const S: usize>(
+        &self,
+        elt: &Elt,
+        key: &[u8],
+        record: &[u8],
+        vals: &[u64],
+    ) {
         // String variables are copied out of their entries first (atomic loads), so the
         // values below borrow only this stack.
-        let mut strs = [[0u8; SAVE_STR_MAX]; MAX_STR_PARAMS];
-        let mut lens = [0usize; MAX_STR_PARAMS];
+        let mut strs = [[0u8; SAVE_STR_MAX]; S];
+        let mut lens = [0usize; S];
         let mut j = 0;
         for p in &self.params {
             let Param::RefStr { hist, first, words } = p else {
                 continue;
             };
-            if j == MAX_STR_PARAMS {
+            if j == S {
                 break;
             }
             let copy = |e: &Elt, buf: &mut [u8; SAVE_STR_MAX]| load_str(e, *first, *words, buf);
