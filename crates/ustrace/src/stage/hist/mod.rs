@@ -38,7 +38,7 @@ pub mod inter;
 pub mod show;
 pub mod syscalls;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ustrace_filter::hist::{self as syntax, flags, DivBy, HistData, HistField, Op};
@@ -48,11 +48,6 @@ use ustrace_tracemap::{Elt, MapConfig, TracingMap};
 use crate::event::field::read_int;
 
 pub use syntax::{KEY_SIZE_MAX, STACKTRACE_DEPTH, STR_MAX};
-
-/// Frames of ustrace's record path above the probe's caller when a stacktrace key is
-/// taken: found once, by name, on the first such key (the kernel skips a fixed count of its
-/// own frames; ours depend on inlining). `usize::MAX` until then.
-static STACK_SKIP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
 
 /// Whether a frame belongs to the record path rather than to the traced program: ustrace
 /// itself, the thread-local access of its scratch buffer, and the probe functions the
@@ -65,10 +60,10 @@ fn is_record_path(name: &str) -> bool {
         || name.contains("::__call_probes")
 }
 
-/// How many frames (from the caller of [`fill_stack`]) belong to the record path.
+/// How many frames (from [`fill_stack`] out) belong to the record path, stored in `skip`.
 #[cold]
 #[inline(never)]
-fn calibrate_stack_skip() -> usize {
+fn calibrate_stack_skip(skip_slot: &AtomicUsize) -> usize {
     let mut frames = [0usize; 64];
     let n = ustrace_inspect::stack::capture(1, &mut frames);
     let inventory = ustrace_inspect::symbols::inventory();
@@ -80,7 +75,7 @@ fn calibrate_stack_skip() -> usize {
                 .is_none_or(|(sym, _)| !is_record_path(&sym.name))
         })
         .unwrap_or(0);
-    STACK_SKIP.store(skip, Ordering::Relaxed);
+    skip_slot.store(skip, Ordering::Relaxed);
     skip
 }
 
@@ -298,6 +293,11 @@ pub struct Hist {
     plain: Option<Plain>,
     /// Inter-event support, when the trigger needs it.
     pub hooks: Option<Arc<dyn HistHooks>>,
+    /// Frames of ustrace's record path above the function that hit the tracepoint, for
+    /// stacktrace keys: found once, by name, on the first such key (the kernel skips a
+    /// fixed count of its own frames; ours depend on inlining and on the producer, a probe
+    /// or `trace_marker`, so each histogram finds its own). `usize::MAX` until then.
+    stack_skip: AtomicUsize,
 }
 
 impl std::fmt::Debug for Hist {
@@ -314,9 +314,33 @@ impl std::fmt::Debug for Hist {
 struct IntAt(usize, usize, bool);
 
 impl IntAt {
+    /// The field's value, sign-extended when signed: fixed-size loads for the sizes the
+    /// kernel's hist fields have (no `memcpy` call on the update path).
     #[inline(always)]
     fn read(self, record: &[u8]) -> u64 {
-        read_int(record, self.0, self.1, self.2)
+        let IntAt(offset, size, signed) = self;
+        macro_rules! load {
+            ($t:ty, $s:ty) => {
+                match record.get(offset..offset + std::mem::size_of::<$t>()) {
+                    Some(b) => {
+                        let v = <$t>::from_ne_bytes(b.try_into().unwrap_or_default());
+                        if signed {
+                            v as $s as i64 as u64
+                        } else {
+                            v as u64
+                        }
+                    }
+                    None => 0,
+                }
+            };
+        }
+        match size {
+            8 => load!(u64, i64),
+            4 => load!(u32, i32),
+            2 => load!(u16, i16),
+            1 => load!(u8, i8),
+            _ => read_int(record, offset, size, signed),
+        }
     }
 }
 
@@ -410,6 +434,7 @@ impl Hist {
             _ => None,
         };
         Ok(Hist {
+            stack_skip: AtomicUsize::new(usize::MAX),
             plain,
             name: data.attrs.name.clone(),
             data,
@@ -463,7 +488,7 @@ impl Hist {
                     slot[..n].copy_from_slice(&v[..n]);
                 }
                 KeyKind::Str(src) => copy_str(record, *src, slot),
-                KeyKind::Stack(field) => fill_stack(record, *field, slot),
+                KeyKind::Stack(field) => fill_stack(record, *field, slot, &self.stack_skip),
             }
         }
         self.update_key(&buf[..key_size], &ctx);
@@ -528,12 +553,12 @@ fn copy_str(record: &[u8], src: StrSrc, slot: &mut [u8]) {
 /// hit the tracepoint outwards), or a `__data_loc`
 /// array of addresses in the record (`field.stacktrace`).
 #[inline(never)]
-fn fill_stack(record: &[u8], field: Option<usize>, slot: &mut [u8]) {
+fn fill_stack(record: &[u8], field: Option<usize>, slot: &mut [u8], skip_slot: &AtomicUsize) {
     let mut frames = [0usize; STACKTRACE_DEPTH];
     let n = match field {
         None => {
-            let skip = match STACK_SKIP.load(Ordering::Relaxed) {
-                usize::MAX => calibrate_stack_skip(),
+            let skip = match skip_slot.load(Ordering::Relaxed) {
+                usize::MAX => calibrate_stack_skip(skip_slot),
                 skip => skip,
             };
             // Frame 0 is this function, as in the calibration.
@@ -677,6 +702,22 @@ mod tests {
         key[8..].copy_from_slice(&10u64.to_ne_bytes());
         let elt = h.map.lookup(&key).unwrap();
         assert_eq!((elt.val(0), elt.val(1)), (1, 1000));
+    }
+
+    #[test]
+    fn fixed_size_reads_agree_with_read_int() {
+        let record: Vec<u8> = (0..32u8).map(|b| b.wrapping_mul(37).wrapping_add(0x80)).collect();
+        for size in [1, 2, 4, 8] {
+            for signed in [false, true] {
+                for offset in 0..=32 {
+                    assert_eq!(
+                        IntAt(offset, size, signed).read(&record),
+                        read_int(&record, offset, size, signed),
+                        "{offset} {size} {signed}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
