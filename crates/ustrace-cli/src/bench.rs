@@ -34,6 +34,10 @@
 //! is an error. `clock_local_read` is the default trace clock alone (a TSC read scaled to ns):
 //! every event write pays it, so it is the floor under `ring_buffer_write_32b`.
 //!
+//! `synth_onmatch_pair` is one request/response pair of events matched by a key through hist
+//! variables, generating and recording one synthetic event ([`crate::bench_inter`]); its
+//! baseline is `add_loop`.
+//!
 //! `--peers` (the other tracers on one C workload, [`crate::bench_peers`]) and `--scale` (cost
 //! curves as the work grows, [`crate::bench_scale`]) are runs of their own with their own rows.
 
@@ -50,7 +54,7 @@ use crate::bench_measure::{
 };
 
 /// Every figure the bench reports, in the order it reports them.
-pub const NAMES: [&str; 18] = [
+pub const NAMES: [&str; 19] = [
     "tracepoint_off",
     "tracepoint_off_load",
     "tracepoint_noop_probe",
@@ -69,6 +73,7 @@ pub const NAMES: [&str; 18] = [
     "clock_local_read",
     "tracing_event_off",
     "tracing_event_3fields",
+    "synth_onmatch_pair",
 ];
 
 #[derive(clap::Args)]
@@ -858,6 +863,11 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
 
     if wanted("tracing_event_off") || wanted("tracing_event_3fields") {
         tracing_figures(n, reps, &wanted, &mut baselines, &mut push)?;
+    }
+
+    if wanted("synth_onmatch_pair") {
+        let ns = crate::bench_inter::synth_onmatch_pair(n, reps)?;
+        push("synth_onmatch_pair", ns, "add_loop", None);
     }
 
     figures.sort_by_key(|f| NAMES.iter().position(|n| *n == f.0));

@@ -4,8 +4,10 @@
 //! a sharded in-memory map; a `net-acceptor` thread "accepts connections". The code carries
 //! events in two systems, `kv` and `net`. The demo drives the tracefs API — the same files a
 //! shell user writes — to enable them, filter one, put a trigger on another, and add a
-//! dynamic fprobe event on a function that has no tracepoint; then it runs the workload and
-//! prints the trace.
+//! dynamic fprobe event on a function that has no tracepoint, and measure request latency
+//! with a synthetic event that an `onmatch` hist trigger generates from each `kv:request` /
+//! `net:respond` pair of a worker thread; then it runs the workload and prints the trace and
+//! the latency histogram.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -317,7 +319,33 @@ const SETUP: &[(&str, &str, bool)] = &[
         true,
     ),
     ("events/demo/enable", "1", false),
+    // Request latency (histogram.rst 2.2): the request's time stamp is kept per thread,
+    // the response computes the latency and generates a synthetic event with it and the
+    // request's op, whose own hist trigger groups the latencies by op in powers of two.
+    (
+        "synthetic_events",
+        "request_latency u64 lat_us; char op[]; u16 status",
+        true,
+    ),
+    (
+        "events/kv/request/trigger",
+        "hist:keys=common_pid:ts0=common_timestamp.usecs",
+        false,
+    ),
+    (
+        "events/net/respond/trigger",
+        "hist:keys=common_pid:lat=common_timestamp.usecs-$ts0:onmatch(kv.request).request_latency($lat,kv.request.op,status)",
+        false,
+    ),
+    (
+        "events/synthetic/request_latency/trigger",
+        "hist:keys=op,lat_us.log2:sort=op,lat_us",
+        false,
+    ),
 ];
+
+/// The histogram the demo prints last.
+const LATENCY_HIST: &str = "events/synthetic/request_latency/hist";
 
 pub fn run(args: DemoArgs) -> Result<(), String> {
     outln!("# ustrace demo: the tracefs writes, as a shell would do them:");
@@ -388,6 +416,12 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
             "... {} more lines (--max-lines 0 prints all)",
             body.len() - shown
         );
+    }
+    if let Ok(hist) = read(LATENCY_HIST) {
+        outln!(
+            "\n# cat {LATENCY_HIST}   (request latency in us by op, from the synthetic event onmatch(kv.request) generates on each net:respond)"
+        );
+        out!("{hist}");
     }
     // The process exits after this line, so its per_cpu/cpuN/stats are summed here.
     let total = |key: &str| -> u64 {

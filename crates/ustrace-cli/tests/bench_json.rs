@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-const NAMES: [&str; 18] = [
+const NAMES: [&str; 19] = [
     "tracepoint_off",
     "tracepoint_off_load",
     "tracepoint_noop_probe",
@@ -25,6 +25,7 @@ const NAMES: [&str; 18] = [
     "clock_local_read",
     "tracing_event_off",
     "tracing_event_3fields",
+    "synth_onmatch_pair",
 ];
 
 #[test]

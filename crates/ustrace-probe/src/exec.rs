@@ -478,6 +478,10 @@ impl Program {
                     }
                     FieldKind::CharArray => local(field),
                     FieldKind::TailString => local(&rec[off..]),
+                    // A field no load fits (an array such as raw_syscalls' `args[6]`) gives
+                    // its address in the record, as the kernel's `get_event_field` does, so
+                    // `+8($args)` reads `args[1]`.
+                    _ if !matches!(size, 1 | 2 | 4 | 8) => local(field),
                     _ => {
                         let raw = le_load(field);
                         let v = match (size, *signed) {

@@ -33,7 +33,7 @@ use ustrace_filter::hist::{
 };
 use ustrace_filter::trigger::{Command, Kind, Trigger};
 
-use crate::stage::hist::{Attached, Hist, HistHooks};
+use crate::stage::hist::{Attached, Hist};
 use crate::stage::trigger::{Registered, MAX_TRIGGERS};
 use crate::trace::{EventFile, Instance};
 
@@ -140,9 +140,12 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
         return Err(Errno::EINVAL);
     };
     let cmd = format!("hist:{spec}");
-    let env = FileEnv {
-        instance,
-        file: file.as_ref(),
+    let env = crate::hist_inter::Env {
+        file: FileEnv {
+            instance,
+            file: file.as_ref(),
+        },
+        command: &cmd,
     };
     let data = syntax::parse(spec, &env, command.remove).map_err(|e| {
         log(instance, file, &cmd, &e);
@@ -174,10 +177,21 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
             // Removing what is not there succeeds, as on the kernel.
             return Ok(());
         };
+        // A trigger whose variables another trigger reads stays (the kernel's EBUSY).
+        let removed = list[at].hist.as_ref().map(|h| h.hist.clone());
+        if removed
+            .as_ref()
+            .is_some_and(crate::hist_inter::is_referenced)
+        {
+            return Err(Errno::EBUSY);
+        }
         list.remove(at);
         file.publish_triggers(&list);
         drop(list);
         file.soft_mode_put();
+        if let Some(hist) = removed {
+            crate::hist_inter::release(&hist);
+        }
         return Ok(());
     }
 
@@ -252,11 +266,11 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
         Some(n) => n,
         None => {
             let name = data.attrs.name.clone();
-            let (extra_vars, hooks) = create_actions(instance, file, &data).map_err(|e| {
+            // Variable references and actions (inter-event) are resolved here.
+            let hist = crate::hist_inter::create(instance, file, data).map_err(|e| {
                 log(instance, file, &cmd, &e);
                 Errno(e.errno)
             })?;
-            let hist = Arc::new(Hist::new(data, extra_vars, hooks).map_err(|_| Errno::ENOMEM)?);
             if let Some(name) = name {
                 named()
                     .lock()
@@ -284,23 +298,6 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
     file.soft_mode_get()
 }
 
-/// What inter-event support makes of a new trigger's handlers (`onmatch`, `onmax`,
-/// `onchange`) and variable references: the variable slots it needs beyond the trigger's
-/// own, and the hooks the histogram runs on each update (see [`crate::stage::hist`]).
-/// Single-event triggers need neither.
-pub fn create_actions(
-    _instance: &Instance,
-    _file: &Arc<EventFile>,
-    data: &HistData,
-) -> Result<(usize, Option<Arc<dyn HistHooks>>), HistError> {
-    if data.actions.is_empty() && data.var_refs.is_empty() {
-        return Ok((0, None));
-    }
-    // Handlers and cross-event references run in the inter-event hooks; without them such
-    // a trigger would register and silently do nothing.
-    Err(HistError::silent(syntax::EINVAL))
-}
-
 /// What the event's `hist` file shows: one section per hist trigger, in list order.
 pub fn show(file: &EventFile) -> String {
     let hists: Vec<Arc<Attached>> = {
@@ -319,6 +316,15 @@ pub fn show(file: &EventFile) -> String {
 pub fn unregister_all(file: &Arc<EventFile>) {
     let removed: Vec<Arc<Registered>> = {
         let mut list = file.trigger_list.lock().unwrap_or_else(|e| e.into_inner());
+        // Nothing goes while another trigger reads a variable of one of them (the
+        // kernel's `hist_file_check_refs`).
+        if list
+            .iter()
+            .filter_map(|t| t.hist.as_ref())
+            .any(|h| crate::hist_inter::is_referenced(&h.hist))
+        {
+            return;
+        }
         let (gone, kept): (Vec<_>, Vec<_>) =
             std::mem::take(&mut *list).into_iter().partition(|t| {
                 t.hook.is_none()
@@ -338,5 +344,8 @@ pub fn unregister_all(file: &Arc<EventFile>) {
             target.release_soft_mode();
         }
         file.soft_mode_put();
+        if let Some(h) = &t.hist {
+            crate::hist_inter::release(&h.hist);
+        }
     }
 }

@@ -104,6 +104,7 @@ pub mod event;
 pub mod event_file;
 pub mod filter;
 pub mod hist;
+pub mod hist_inter;
 pub mod marker;
 pub mod options;
 pub mod output;

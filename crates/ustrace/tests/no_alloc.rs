@@ -38,6 +38,13 @@ ustrace::trace_event! {
     print "a=%llu s=%s bytes=%s", a, s, bytes;
 }
 
+ustrace::trace_event! {
+    pub fn noalloc::ev2(key: u64) {
+        key: u64 = key,
+    }
+    print "key=%llu", key;
+}
+
 fn set(path: &str, text: &str) {
     let mut f = ustrace::tracefs().open(path, OpenFlags::TRUNCATE).unwrap();
     f.write(text.as_bytes()).unwrap();
@@ -129,4 +136,40 @@ fn tracepoints_and_event_writes_do_not_allocate() {
         0,
         "hist update, compound key with a string and variables"
     );
+    // Inter-event: a variable read across events with this record's key, a synthetic
+    // event generated and recorded, a maximum and a field saved per entry.
+    let mut f = ustrace::tracefs()
+        .open("synthetic_events", OpenFlags::APPEND)
+        .unwrap();
+    f.write(b"noalloc_lat u64 key; u64 lat\n").unwrap();
+    set(
+        "instances/noalloc/events/noalloc/ev/trigger",
+        "hist:keys=a:t0=common_timestamp\n",
+    );
+    set(
+        "instances/noalloc/events/noalloc/ev2/trigger",
+        "hist:keys=key:lat=common_timestamp-$t0:onmatch(noalloc.ev).noalloc_lat(key,$lat):onmax($lat).save(key)\n",
+    );
+    set(
+        "instances/noalloc/events/synthetic/noalloc_lat/enable",
+        "1\n",
+    );
+    assert_eq!(
+        count(|| {
+            a = (a + 7) % 1000;
+            ev::trace(a, "hist", b"bytes");
+            ev2::trace(a);
+        }),
+        0,
+        "hist inter-event pair: reference, onmatch synthetic event, onmax save"
+    );
+    let mut text = String::new();
+    let mut file = ustrace::tracefs()
+        .open("instances/noalloc/events/noalloc/ev2/hist", OpenFlags::READ)
+        .unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let n = file.read(&mut buf, None).unwrap();
+    text.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+    assert!(text.contains("    Hits: 10001\n"), "{text}");
+    assert!(text.contains("\n\tmax: "), "{text}");
 }

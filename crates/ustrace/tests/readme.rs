@@ -62,6 +62,12 @@ const SUPPORTED: &[&str] = &[
     "disable_hist:<system>:<event>",
     "<var1>=<field|var_ref|numeric_literal>",
     "[:nohitcount]",
+    // inter-event handlers and actions (trigger/inter-event/*)
+    "onmatch(",
+    "onmax(",
+    "onchange(var)",
+    "snapshot()",
+    "trace(<synthetic_event>",
 ];
 
 /// Patterns for things this build does not have: listing them would make the selftests
@@ -73,12 +79,6 @@ const UNSUPPORTED: &[&str] = &[
     "place (kretprobe): [<module>:]<symbol>",
     // uprobes
     "place (uprobe): <path>:<offset>[%return][(ref_ctr_offset)]",
-    // hist and inter-event actions (trigger/inter-event/*)
-    "onmatch(",
-    "onmax(",
-    "onchange(var)",
-    "snapshot()",
-    "trace(<synthetic_event>",
     // fetch forms and types the parser refuses
     "%pd/%pD",
     "this_cpu_read(<fetcharg>)",

@@ -125,6 +125,8 @@ pub(crate) fn run_actions(triggers: &Triggers, shared: &Shared, fired: u64) {
     if fired != 0 {
         run_fired_actions(triggers, shared, fired);
     }
+    // A hist action's snapshot goes after its record (one thread-local read).
+    crate::stage::hist::inter::run_deferred();
 }
 
 #[inline(never)]

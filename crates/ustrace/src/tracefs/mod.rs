@@ -856,7 +856,7 @@ const HEADER_EVENT: &str = "# compressed entry header\n\
 /// tracefs supports by looking for syntax lines in it, so every `Format:`, `fetcharg`,
 /// `type` and trigger line below is spelled exactly as the kernel spells it, and a line is
 /// here only when this build accepts that syntax (`tests/readme.rs` checks both ways).
-/// There is no inter-event action, kprobe or uprobe line: none of those exist here.
+/// There is no kprobe or uprobe line: neither exists here.
 const README: &str = "\
 ustrace tracefs: the kernel's event tracing, served by this process.
 
@@ -969,4 +969,19 @@ ustrace tracefs: the kernel's event tracing, served by this process.
 \t    it; write them with '>>' to the trigger already there ('>' removes
 \t    the hist triggers first). enable_hist and disable_hist continue and
 \t    pause every hist trigger of another event.
+
+\t    A $variable of another event is read from that event's entry with
+\t    the same key (qualify it as <system>.<event>.$var when two events
+\t    define it); inside an expression reading it unsets it. A handler
+\t    runs its action when an entry is updated:
+\t        onmatch(matching.event)  - every update whose variables resolved
+\t        onmax(var)               - var exceeds the entry's maximum
+\t        onchange(var)            - var differs from the entry's last value
+\t    The actions:
+\t        trace(<synthetic_event>,param list)  - generate a synthetic event
+\t        <synthetic_event>(param list)        - the same
+\t        save(field,...)                      - keep fields in the entry
+\t        snapshot()                           - take a snapshot
+\t    A param is a $variable or a field of either event (a field of the
+\t    matching event as <system>.<event>.<field>).
 ";

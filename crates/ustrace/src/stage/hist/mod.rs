@@ -34,6 +34,7 @@
 //! - [`Hist::extra_vars`] reserves variable slots beyond the trigger's own (field
 //!   variables, tracking variables), numbered from `HistData::n_vars`.
 
+pub mod inter;
 pub mod show;
 pub mod syscalls;
 
