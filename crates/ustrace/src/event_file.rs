@@ -101,6 +101,15 @@ struct Control {
     soft_refs: usize,
 }
 
+/// The flags that leave a filtered record to its filter alone: the checks they stand for ran
+/// before the record was built ([`EventFile::wants_record`]). Any other flag, including
+/// flags added later, sends the record through [`EventFile::record_checked`].
+const FILTER_ONLY: u32 = flag::ENABLED | flag::SOFT_MODE | flag::TRIGGER_MODE | flag::PID_FILTER;
+
+/// Largest record the filter-only path builds on the stack (larger ones use the scratch
+/// buffer): room for the common header and seven 8-byte fields, zeroed in four stores.
+const STACK_RECORD_SIZE: usize = 64;
+
 /// Largest record built in the per-thread scratch buffer before it is kept.
 const SCRATCH_SIZE: usize = 4096;
 
@@ -175,7 +184,7 @@ impl EventFile {
                 | flag::CPU_MASK)
             != 0
         {
-            return self.record_checked(len, flags, fill, |_| {});
+            return self.record_filtered(len, flags, fill);
         }
         self.record_direct(len, fill);
     }
@@ -222,6 +231,34 @@ impl EventFile {
     #[inline(always)]
     fn write_header(&self, record: &mut [u8], pid: i32) {
         crate::event::field::write_common_header(record, self.id, pid);
+    }
+
+    /// The record path of an event whose only check is its filter, the common case: build
+    /// the record on the stack, run the filter inline, and write it to the buffer only if it
+    /// passes. A rejected record costs no timestamp, no reservation and no thread-local
+    /// scratch; a signal handler that traces meanwhile builds its record in its own frame.
+    /// Anything else (triggers, soft-disable, stacks, a cpumask, a large record) goes to
+    /// [`EventFile::record_checked`].
+    #[inline(never)]
+    fn record_filtered(&self, len: usize, flags: u32, fill: impl FnOnce(&mut [u8])) {
+        if flags & !FILTER_ONLY != flag::FILTERED || len > STACK_RECORD_SIZE {
+            return self.record_checked(len, flags, fill, |_| {});
+        }
+        let mut buf = [0u8; STACK_RECORD_SIZE];
+        let record = &mut buf[..len];
+        self.write_header(record, thread::current_tid(&self.shared.record_cmd));
+        fill(record);
+        let keep = {
+            let guard = crate::rcu::read_lock();
+            // Unpublished between the flag load and here: the record is kept, as with a
+            // filter removed a moment earlier.
+            self.filter
+                .get(&guard)
+                .is_none_or(|program| program.matches(record))
+        };
+        if keep {
+            self.shared.buffer.write(record);
+        }
     }
 
     /// The record path when a filter or conditional triggers must see the record before it

@@ -129,18 +129,30 @@ macro_rules! trace_event {
                     }
                     #[allow(unused_parens, clippy::unused_unit)]
                     let ($($field,)*): ($($fty,)*) = ($($value,)*);
-                    let mut fixed = $crate::event::field::COMMON_SIZE;
+                    // A constant, so that the closure below checks none of its field
+                    // offsets against it at run time.
+                    const FIXED: usize = {
+                        #[allow(unused_mut)]
+                        let mut fixed = $crate::event::field::COMMON_SIZE;
+                        $(
+                            fixed = $crate::event::field::align_up(
+                                fixed,
+                                <$fty as $crate::event::FieldValue>::ALIGN,
+                            ) + <$fty as $crate::event::FieldValue>::SIZE;
+                        )*
+                        fixed
+                    };
+                    let fixed = FIXED;
                     let mut dynamic = 0usize;
                     $(
-                        fixed = $crate::event::field::align_up(
-                            fixed,
-                            <$fty as $crate::event::FieldValue>::ALIGN,
-                        ) + <$fty as $crate::event::FieldValue>::SIZE;
                         dynamic += $crate::event::FieldValue::dyn_len(&$field);
                     )*
-                    file.record(fixed + dynamic, |record: &mut [u8]| {
+                    // `move`: the closure holds the values rather than their addresses, so
+                    // they stay in registers on the direct path instead of being spilled
+                    // for the out-of-line one.
+                    file.record(fixed + dynamic, move |record: &mut [u8]| {
                         let mut at = $crate::event::field::COMMON_SIZE;
-                        let mut dyn_at = fixed;
+                        let mut dyn_at = FIXED;
                         $(
                             at = $crate::event::field::align_up(
                                 at,
