@@ -181,11 +181,23 @@ impl EventFile {
         (flags & !(flag::ENABLED | flag::SOFT_MODE) == 0).then_some(Direct(self))
     }
 
-    /// The record path for a probe that was refused [`EventFile::direct`] and then said yes
-    /// to [`EventFile::wants_record`].
+    /// The record path for a probe that was refused [`EventFile::direct`], when
+    /// [`EventFile::wants_record`] has nothing to do (no triggers, not soft-disabled, no pid
+    /// filter): one relaxed load. `None`: ask [`EventFile::wanted`].
     #[inline(always)]
-    pub fn checked(&self) -> Checked<'_> {
-        Checked(self)
+    pub fn checked(&self) -> Option<Checked<'_>> {
+        // The flags `wants_record` passes over; any other (flags added later included)
+        // sends the probe through `wanted`.
+        const PASSED: u32 =
+            flag::ENABLED | flag::SOFT_MODE | flag::FILTERED | flag::STACKS | flag::CPU_MASK;
+        let flags = self.flags.load(Ordering::Relaxed);
+        (flags & !PASSED == 0).then_some(Checked(self))
+    }
+
+    /// [`EventFile::wants_record`], and the record path if it says yes.
+    #[inline(always)]
+    pub fn wanted(&self) -> Option<Checked<'_>> {
+        self.wants_record().then_some(Checked(self))
     }
 
     /// Writes one record: the common header, then `fill` writes the fields. Unfiltered
@@ -272,8 +284,9 @@ impl EventFile {
             return self.record_checked(len, flags, fill, |_| {});
         }
         let mut buf = [0u8; STACK_RECORD_SIZE];
+        // Into the whole buffer, whose size is known, so the header needs no length check.
+        self.write_header(&mut buf, thread::current_tid(&self.shared.record_cmd));
         let record = &mut buf[..len];
-        self.write_header(record, thread::current_tid(&self.shared.record_cmd));
         fill(record);
         let keep = {
             let guard = crate::rcu::read_lock();

@@ -190,19 +190,33 @@ macro_rules! trace_event {
                 $crate::trace_event!(@record direct; $($field: $fty = $value),*)
             }
 
-            /// The probe when the event needs a check first: triggers, soft-disable, a pid
-            /// or cpu mask, a filter, stack options.
+            /// The probe when the event needs a check first: a filter, a cpu mask, stack
+            /// options; triggers, soft-disable and a pid filter go on to `__probe_wanted`
+            /// (a tail call again, so this frame stays small).
             #[inline(never)]
             #[allow(clippy::too_many_arguments)]
             fn __probe_checked(
                 file: &$crate::event_file::EventFile,
                 $($arg: $aty),*
             ) {
-                if !file.wants_record() {
-                    return;
+                match file.checked() {
+                    Some(checked) => {
+                        $crate::trace_event!(@record checked; $($field: $fty = $value),*)
+                    }
+                    None => __probe_wanted(file, $($arg),*),
                 }
-                let checked = file.checked();
-                $crate::trace_event!(@record checked; $($field: $fty = $value),*)
+            }
+
+            /// The probe when `wants_record` has work: triggers, soft-disable, a pid filter.
+            #[inline(never)]
+            #[allow(clippy::too_many_arguments)]
+            fn __probe_wanted(
+                file: &$crate::event_file::EventFile,
+                $($arg: $aty),*
+            ) {
+                if let Some(checked) = file.wanted() {
+                    $crate::trace_event!(@record checked; $($field: $fty = $value),*)
+                }
             }
 
             fn __detach(id: $crate::tracepoint::ProbeId) {
