@@ -172,51 +172,53 @@ macro_rules! trace_event {
             fn __attach(
                 file: ::std::sync::Arc<$crate::event_file::EventFile>,
             ) -> $crate::tracepoint::ProbeId {
+                // Inside `__attach`, so that their symbols name `__attach` as the probe's did
+                // (stack captures find where the record path ends by such names).
+                /// The probe when the event needs no check: reserve, write, commit.
+                #[inline(never)]
+                #[allow(clippy::too_many_arguments)]
+                fn __probe_direct(
+                    direct: $crate::event_file::Direct<'_>,
+                    $($arg: $aty),*
+                ) {
+                    $crate::trace_event!(@record direct; $($field: $fty = $value),*)
+                }
+
+                /// The probe when the event needs a check first: a filter, a cpu mask, stack
+                /// options; triggers, soft-disable and a pid filter go on to `__probe_wanted`
+                /// (a tail call again, so this frame stays small).
+                #[inline(never)]
+                #[allow(clippy::too_many_arguments)]
+                fn __probe_checked(
+                    file: &$crate::event_file::EventFile,
+                    $($arg: $aty),*
+                ) {
+                    match file.checked() {
+                        Some(checked) => {
+                            $crate::trace_event!(@record checked; $($field: $fty = $value),*)
+                        }
+                        None => __probe_wanted(file, $($arg),*),
+                    }
+                }
+
+                /// The probe when `wants_record` has work: triggers, soft-disable, a pid filter.
+                #[inline(never)]
+                #[allow(clippy::too_many_arguments)]
+                fn __probe_wanted(
+                    file: &$crate::event_file::EventFile,
+                    $($arg: $aty),*
+                ) {
+                    if let Some(checked) = file.wanted() {
+                        $crate::trace_event!(@record checked; $($field: $fty = $value),*)
+                    }
+                }
+
                 // One flag test, then a tail call with the arguments still in registers:
                 // neither path pays for the registers and frame of the other.
                 register(0, move |$($arg: $aty),*| match file.direct() {
                     Some(direct) => __probe_direct(direct, $($arg),*),
                     None => __probe_checked(&file, $($arg),*),
                 })
-            }
-
-            /// The probe when the event needs no check: reserve, write, commit.
-            #[inline(never)]
-            #[allow(clippy::too_many_arguments)]
-            fn __probe_direct(
-                direct: $crate::event_file::Direct<'_>,
-                $($arg: $aty),*
-            ) {
-                $crate::trace_event!(@record direct; $($field: $fty = $value),*)
-            }
-
-            /// The probe when the event needs a check first: a filter, a cpu mask, stack
-            /// options; triggers, soft-disable and a pid filter go on to `__probe_wanted`
-            /// (a tail call again, so this frame stays small).
-            #[inline(never)]
-            #[allow(clippy::too_many_arguments)]
-            fn __probe_checked(
-                file: &$crate::event_file::EventFile,
-                $($arg: $aty),*
-            ) {
-                match file.checked() {
-                    Some(checked) => {
-                        $crate::trace_event!(@record checked; $($field: $fty = $value),*)
-                    }
-                    None => __probe_wanted(file, $($arg),*),
-                }
-            }
-
-            /// The probe when `wants_record` has work: triggers, soft-disable, a pid filter.
-            #[inline(never)]
-            #[allow(clippy::too_many_arguments)]
-            fn __probe_wanted(
-                file: &$crate::event_file::EventFile,
-                $($arg: $aty),*
-            ) {
-                if let Some(checked) = file.wanted() {
-                    $crate::trace_event!(@record checked; $($field: $fty = $value),*)
-                }
             }
 
             fn __detach(id: $crate::tracepoint::ProbeId) {
