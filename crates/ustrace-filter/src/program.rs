@@ -228,11 +228,49 @@ struct Ranges {
     min_len: usize,
 }
 
+/// One step of an all-integer program, reduced for the record path: the
+/// step jumps when `((raw & mask) ^ sign_bit) - bias <= span` (wrapping).
+/// `bias` folds the sign extension's `- sign_bit` into the range's low end,
+/// and the step's `!` and `branch_when` are folded into the range itself:
+/// a step that jumps when its value is *outside* `[lo, lo + span]` tests the
+/// complement, `[lo + span + 1, lo - 1]`, which is again one wrapping range.
 #[derive(Debug, Clone, Copy)]
 struct RangeStep {
-    range: IntRange,
-    branch_when: bool,
-    target: u32,
+    mask: u64,
+    sign_bit: u64,
+    bias: u64,
+    span: u64,
+    offset: u32,
+    /// The step to continue at after a jump: `target + 1` of the flat
+    /// program, so `len` is a match and `len + 1` is not.
+    next: u32,
+}
+
+impl RangeStep {
+    fn new(range: &IntRange, branch_when: bool, target: u32) -> RangeStep {
+        let bias = range.sign_bit.wrapping_add(range.lo_raw);
+        // The step jumps when `in_range ^ negate == branch_when`.
+        let (mask, bias, span) = if branch_when ^ range.negate {
+            (range.mask, bias, range.span)
+        } else if range.span == u64::MAX {
+            // The complement of every value is empty: 0 - 1 is above MAX - 1, never a jump.
+            (0, 1, u64::MAX - 1)
+        } else {
+            (
+                range.mask,
+                bias.wrapping_add(range.span).wrapping_add(1),
+                u64::MAX - range.span - 1,
+            )
+        };
+        RangeStep {
+            mask,
+            sign_bit: if mask == 0 { 0 } else { range.sign_bit },
+            bias,
+            span,
+            offset: range.offset,
+            next: target + 1,
+        }
+    }
 }
 
 #[inline]
@@ -423,12 +461,8 @@ impl Program {
     pub(crate) fn new(text: String, steps: Box<[Step]>) -> Program {
         let ranges: Option<Box<[RangeStep]>> = steps
             .iter()
-            .map(|s| match s.pred {
-                Pred::Range(range) => Some(RangeStep {
-                    range,
-                    branch_when: s.branch_when,
-                    target: s.target,
-                }),
+            .map(|s| match &s.pred {
+                Pred::Range(range) => Some(RangeStep::new(range, s.branch_when, s.target)),
                 _ => None,
             })
             .collect();
@@ -437,7 +471,7 @@ impl Program {
         let ranges = ranges.map(|steps| Ranges {
             min_len: steps
                 .iter()
-                .map(|s| s.range.offset as usize + 8)
+                .map(|s| s.offset as usize + 8)
                 .max()
                 .unwrap_or(0),
             steps,
@@ -489,23 +523,38 @@ impl Program {
 
     /// `matches` for an all-integer program on a record long enough for
     /// every field's 8-byte load: the same walk, without dispatch on the
-    /// predicate kind or a length check per load.
-    #[inline]
+    /// predicate kind or a length check per load. A jump past the last step
+    /// returns at once, so the usual `a && b && c` (every jump a "no") runs
+    /// as straight-line tests that each may leave early.
+    #[inline(always)]
     fn matches_ranges(steps: &[RangeStep], record: &[u8]) -> bool {
+        debug_assert!(steps.iter().all(|s| s.offset as usize + 8 <= record.len()));
+        let n = steps.len();
         let mut i = 0usize;
         while let Some(step) = steps.get(i) {
-            let r = &step.range;
-            let off = r.offset as usize;
-            // In bounds: record.len() >= every offset + 8 (checked by the caller).
-            let raw = u64::from_le_bytes(record[off..off + 8].try_into().unwrap_or([0; 8]));
-            let v = ((raw & r.mask) ^ r.sign_bit).wrapping_sub(r.sign_bit);
-            let hit = (v.wrapping_sub(r.lo_raw) <= r.span) ^ r.negate;
-            if hit == step.branch_when {
-                i = step.target as usize;
+            // SAFETY: the caller checked `record.len() >= min_len`, and `min_len` is at least
+            // `offset + 8` for every step, so the 8 bytes read lie inside `record`; the read is
+            // unaligned-safe.
+            let raw = unsafe {
+                record
+                    .as_ptr()
+                    .add(step.offset as usize)
+                    .cast::<u64>()
+                    .read_unaligned()
+            };
+            let raw = u64::from_le(raw);
+            let jump = ((raw & step.mask) ^ step.sign_bit).wrapping_sub(step.bias) <= step.span;
+            if jump {
+                let next = step.next as usize;
+                if next >= n {
+                    return next == n;
+                }
+                i = next;
+            } else {
+                i += 1;
             }
-            i += 1;
         }
-        i == steps.len()
+        true
     }
 
     /// The expression as reading `filter` shows it after a successful write
@@ -545,5 +594,99 @@ impl Program {
     /// Always false: a compiled program has at least one predicate.
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{compile, CompileEnv, Field};
+
+    /// u8 at 8, s32 at 12, u64 at 16, s64 at 24.
+    const FIELDS: [Field<'static>; 4] = [
+        Field {
+            name: "b",
+            c_type: "u8",
+            offset: 8,
+            size: 1,
+            signed: false,
+        },
+        Field {
+            name: "i",
+            c_type: "s32",
+            offset: 12,
+            size: 4,
+            signed: true,
+        },
+        Field {
+            name: "u",
+            c_type: "u64",
+            offset: 16,
+            size: 8,
+            signed: false,
+        },
+        Field {
+            name: "s",
+            c_type: "s64",
+            offset: 24,
+            size: 8,
+            signed: true,
+        },
+    ];
+
+    fn record(b: u8, i: i32, u: u64, s: i64) -> Vec<u8> {
+        let mut r = vec![0xa5u8; 40];
+        r[8] = b;
+        r[12..16].copy_from_slice(&i.to_le_bytes());
+        r[16..24].copy_from_slice(&u.to_le_bytes());
+        r[24..32].copy_from_slice(&s.to_le_bytes());
+        r
+    }
+
+    /// The all-integer walk folds `!` and the branch sense into each range, and a range
+    /// that covers every value has no complement range: every such program must decide as
+    /// the general walk does, at the extremes of each type.
+    #[test]
+    fn integer_walk_agrees_with_general_walk_at_the_extremes() {
+        let exprs = [
+            "u >= 0",
+            "!(u >= 0)",
+            "u >= 0 && i != 0",
+            "!(u >= 0) || s < 0",
+            "!(u >= 0) && s < 0",
+            "s <= 9223372036854775807 && !(b >= 0)",
+            "s >= -9223372036854775808 || b == 255",
+            "!(s >= -9223372036854775808) || b == 255",
+            "u == 18446744073709551615 || i == -2147483648",
+            "u != 0 && i > -1 && b < 255",
+            "!(u != 0 && i > -1) || !(b < 255 || s == -1)",
+            "(u < 5 || s > 5) && (b == 1 || i <= 0) && !(s == 7)",
+            "b == 0 || b == 1 || b == 2 || b == 255",
+            "!(b == 0) && !(i == 0) && !(u == 0) && !(s == 0)",
+        ];
+        let values_u8 = [0u8, 1, 2, 127, 128, 255];
+        let values_i32 = [i32::MIN, -1, 0, 1, i32::MAX];
+        let values_u64 = [0u64, 1, 5, 1 << 63, u64::MAX];
+        let values_i64 = [i64::MIN, -1, 0, 5, 7, i64::MAX];
+        let ctx = super::Context {
+            cpu: 0,
+            comm: b"x",
+            read_str: None,
+        };
+        for text in exprs {
+            let program = compile(text, &FIELDS, &CompileEnv::default()).unwrap();
+            assert!(program.ranges.is_some(), "{text}: not an integer program");
+            for &b in &values_u8 {
+                for &i in &values_i32 {
+                    for &u in &values_u64 {
+                        for &s in &values_i64 {
+                            let rec = record(b, i, u, s);
+                            let fast = program.matches_fields_only(&rec);
+                            let general = program.matches_steps(&rec, &ctx);
+                            assert_eq!(fast, Some(general), "{text} on b={b} i={i} u={u} s={s}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -101,6 +101,15 @@ struct Control {
     soft_refs: usize,
 }
 
+/// The flags that leave a filtered record to its filter alone: the checks they stand for ran
+/// before the record was built ([`EventFile::wants_record`]). Any other flag, including
+/// flags added later, sends the record through [`EventFile::record_checked`].
+const FILTER_ONLY: u32 = flag::ENABLED | flag::SOFT_MODE | flag::TRIGGER_MODE | flag::PID_FILTER;
+
+/// Largest record the filter-only path builds on the stack (larger ones use the scratch
+/// buffer): room for the common header and seven 8-byte fields, zeroed in four stores.
+const STACK_RECORD_SIZE: usize = 64;
+
 /// Largest record built in the per-thread scratch buffer before it is kept.
 const SCRATCH_SIZE: usize = 4096;
 
@@ -161,6 +170,36 @@ impl EventFile {
         !(flags & flag::PID_FILTER != 0 && self.shared.ignores_current_thread())
     }
 
+    /// The direct path, when the event needs no check now (one relaxed load): what a probe
+    /// tests first, so that it can leave every other case to an out-of-line function before
+    /// it saves any register. `None` means: ask [`EventFile::wants_record`], then
+    /// [`EventFile::record`].
+    #[inline(always)]
+    pub fn direct(&self) -> Option<Direct<'_>> {
+        // Every flag but these needs a check, flags added later included.
+        let flags = self.flags.load(Ordering::Relaxed);
+        (flags & !(flag::ENABLED | flag::SOFT_MODE) == 0).then_some(Direct(self))
+    }
+
+    /// The record path for a probe that was refused [`EventFile::direct`], when
+    /// [`EventFile::wants_record`] has nothing to do (no triggers, not soft-disabled, no pid
+    /// filter): one relaxed load. `None`: ask [`EventFile::wanted`].
+    #[inline(always)]
+    pub fn checked(&self) -> Option<Checked<'_>> {
+        // The flags `wants_record` passes over; any other (flags added later included)
+        // sends the probe through `wanted`.
+        const PASSED: u32 =
+            flag::ENABLED | flag::SOFT_MODE | flag::FILTERED | flag::STACKS | flag::CPU_MASK;
+        let flags = self.flags.load(Ordering::Relaxed);
+        (flags & !PASSED == 0).then_some(Checked(self))
+    }
+
+    /// [`EventFile::wants_record`], and the record path if it says yes.
+    #[inline(always)]
+    pub fn wanted(&self) -> Option<Checked<'_>> {
+        self.wants_record().then_some(Checked(self))
+    }
+
     /// Writes one record: the common header, then `fill` writes the fields. Unfiltered
     /// events reserve in the buffer directly; filtered ones are built aside first. No lock,
     /// no allocation, no syscall.
@@ -175,6 +214,9 @@ impl EventFile {
                 | flag::CPU_MASK)
             != 0
         {
+            if flags & !FILTER_ONLY == flag::FILTERED {
+                return self.record_filtered(len, flags, fill);
+            }
             return self.record_checked(len, flags, fill, |_| {});
         }
         self.record_direct(len, fill);
@@ -219,9 +261,44 @@ impl EventFile {
         slot.commit();
     }
 
+    #[inline(never)]
+    fn record_direct_out_of_line(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
+        self.record_direct(len, fill);
+    }
+
     #[inline(always)]
     fn write_header(&self, record: &mut [u8], pid: i32) {
         crate::event::field::write_common_header(record, self.id, pid);
+    }
+
+    /// The record path of an event whose only check is its filter (`flags & !FILTER_ONLY`
+    /// is `FILTERED`), the common case: build the record on the stack, run the filter
+    /// inline, and write it to the buffer only if it passes. A rejected record costs no
+    /// timestamp, no reservation and no thread-local scratch; a signal handler that traces
+    /// meanwhile builds its record in its own frame. A record too large for the stack buffer
+    /// goes to [`EventFile::record_checked`].
+    #[inline(never)]
+    fn record_filtered(&self, len: usize, flags: u32, fill: impl FnOnce(&mut [u8])) {
+        debug_assert_eq!(flags & !FILTER_ONLY, flag::FILTERED);
+        if len > STACK_RECORD_SIZE {
+            return self.record_checked(len, flags, fill, |_| {});
+        }
+        let mut buf = [0u8; STACK_RECORD_SIZE];
+        // Into the whole buffer, whose size is known, so the header needs no length check.
+        self.write_header(&mut buf, thread::current_tid(&self.shared.record_cmd));
+        let record = &mut buf[..len];
+        fill(record);
+        let keep = {
+            let guard = crate::rcu::read_lock();
+            // Unpublished between the flag load and here: the record is kept, as with a
+            // filter removed a moment earlier.
+            self.filter
+                .get(&guard)
+                .is_none_or(|program| program.matches(record))
+        };
+        if keep {
+            self.shared.buffer.write(record);
+        }
     }
 
     /// The record path when a filter or conditional triggers must see the record before it
@@ -533,6 +610,38 @@ impl SoftSwitch for EventFile {
                 hist.paused.store(paused, Ordering::Relaxed);
             }
         }
+    }
+}
+
+/// An event file that needed no check when its flags were read ([`EventFile::direct`]).
+pub struct Direct<'a>(&'a EventFile);
+
+/// An event file whose [`EventFile::wants_record`] said yes, recorded through paths that
+/// are all out of line ([`EventFile::checked`]), so that the probe that holds it needs
+/// only a small frame.
+pub struct Checked<'a>(&'a EventFile);
+
+impl Checked<'_> {
+    /// As [`EventFile::record`].
+    #[inline(always)]
+    pub fn record(self, len: usize, fill: impl FnOnce(&mut [u8])) {
+        let file = self.0;
+        let flags = file.flags.load(Ordering::Relaxed);
+        // Called here, not from `record_filtered`, so that `record_checked` is always
+        // called from the probe (`record_stacks` skips a fixed number of frames).
+        match flags & !FILTER_ONLY {
+            0 => file.record_direct_out_of_line(len, fill),
+            flag::FILTERED => file.record_filtered(len, flags, fill),
+            _ => file.record_checked(len, flags, fill, |_| {}),
+        }
+    }
+}
+
+impl Direct<'_> {
+    /// Writes one record straight into the buffer: reserve, header, `fill`, commit.
+    #[inline(always)]
+    pub fn record(self, len: usize, fill: impl FnOnce(&mut [u8])) {
+        self.0.record_direct(len, fill);
     }
 }
 

@@ -99,6 +99,55 @@
 /// ```
 #[macro_export]
 macro_rules! trace_event {
+    // Evaluates the fields and records them through `$sink` (an `EventFile` or a `Direct`).
+    (@record $sink:ident; $( $field:ident : $fty:ty = $value:expr ),*) => {{
+        #[allow(unused_parens, clippy::unused_unit)]
+        let ($($field,)*): ($($fty,)*) = ($($value,)*);
+        // A constant, so that the closure below checks none of its field offsets against it
+        // at run time.
+        const FIXED: usize = {
+            #[allow(unused_mut)]
+            let mut fixed = $crate::event::field::COMMON_SIZE;
+            $(
+                fixed = $crate::event::field::align_up(
+                    fixed,
+                    <$fty as $crate::event::FieldValue>::ALIGN,
+                ) + <$fty as $crate::event::FieldValue>::SIZE;
+            )*
+            fixed
+        };
+        #[allow(unused_mut)]
+        let mut dynamic = 0usize;
+        $(
+            dynamic += $crate::event::FieldValue::dyn_len(&$field);
+        )*
+        // `move`: the closure holds the values rather than their addresses, so they stay in
+        // registers on the direct path instead of being spilled for an out-of-line one.
+        $sink.record(FIXED + dynamic, move |record: &mut [u8]| {
+            #[allow(unused_mut)]
+            let mut at = $crate::event::field::COMMON_SIZE;
+            #[allow(unused_mut)]
+            let mut dyn_at = FIXED;
+            $(
+                at = $crate::event::field::align_up(
+                    at,
+                    <$fty as $crate::event::FieldValue>::ALIGN,
+                );
+                let size = <$fty as $crate::event::FieldValue>::SIZE;
+                let dyn_len = $crate::event::FieldValue::dyn_len(&$field);
+                let (head, tail) = record.split_at_mut(dyn_at);
+                $crate::event::FieldValue::write(
+                    &$field,
+                    &mut head[at..at + size],
+                    &mut tail[..dyn_len],
+                    dyn_at,
+                );
+                at += size;
+                dyn_at += dyn_len;
+            )*
+            let _ = (at, dyn_at);
+        })
+    }};
     (
         @event $module:ident
         $(#[$meta:meta])*
@@ -123,43 +172,52 @@ macro_rules! trace_event {
             fn __attach(
                 file: ::std::sync::Arc<$crate::event_file::EventFile>,
             ) -> $crate::tracepoint::ProbeId {
-                register(0, move |$($arg: $aty),*| {
-                    if !file.wants_record() {
-                        return;
+                // Inside `__attach`, so that their symbols name `__attach` as the probe's did
+                // (stack captures find where the record path ends by such names).
+                /// The probe when the event needs no check: reserve, write, commit.
+                #[inline(never)]
+                #[allow(clippy::too_many_arguments)]
+                fn __probe_direct(
+                    direct: $crate::event_file::Direct<'_>,
+                    $($arg: $aty),*
+                ) {
+                    $crate::trace_event!(@record direct; $($field: $fty = $value),*)
+                }
+
+                /// The probe when the event needs a check first: a filter, a cpu mask, stack
+                /// options; triggers, soft-disable and a pid filter go on to `__probe_wanted`
+                /// (a tail call again, so this frame stays small).
+                #[inline(never)]
+                #[allow(clippy::too_many_arguments)]
+                fn __probe_checked(
+                    file: &$crate::event_file::EventFile,
+                    $($arg: $aty),*
+                ) {
+                    match file.checked() {
+                        Some(checked) => {
+                            $crate::trace_event!(@record checked; $($field: $fty = $value),*)
+                        }
+                        None => __probe_wanted(file, $($arg),*),
                     }
-                    #[allow(unused_parens, clippy::unused_unit)]
-                    let ($($field,)*): ($($fty,)*) = ($($value,)*);
-                    let mut fixed = $crate::event::field::COMMON_SIZE;
-                    let mut dynamic = 0usize;
-                    $(
-                        fixed = $crate::event::field::align_up(
-                            fixed,
-                            <$fty as $crate::event::FieldValue>::ALIGN,
-                        ) + <$fty as $crate::event::FieldValue>::SIZE;
-                        dynamic += $crate::event::FieldValue::dyn_len(&$field);
-                    )*
-                    file.record(fixed + dynamic, |record: &mut [u8]| {
-                        let mut at = $crate::event::field::COMMON_SIZE;
-                        let mut dyn_at = fixed;
-                        $(
-                            at = $crate::event::field::align_up(
-                                at,
-                                <$fty as $crate::event::FieldValue>::ALIGN,
-                            );
-                            let size = <$fty as $crate::event::FieldValue>::SIZE;
-                            let dyn_len = $crate::event::FieldValue::dyn_len(&$field);
-                            let (head, tail) = record.split_at_mut(dyn_at);
-                            $crate::event::FieldValue::write(
-                                &$field,
-                                &mut head[at..at + size],
-                                &mut tail[..dyn_len],
-                                dyn_at,
-                            );
-                            at += size;
-                            dyn_at += dyn_len;
-                        )*
-                        let _ = (at, dyn_at);
-                    });
+                }
+
+                /// The probe when `wants_record` has work: triggers, soft-disable, a pid filter.
+                #[inline(never)]
+                #[allow(clippy::too_many_arguments)]
+                fn __probe_wanted(
+                    file: &$crate::event_file::EventFile,
+                    $($arg: $aty),*
+                ) {
+                    if let Some(checked) = file.wanted() {
+                        $crate::trace_event!(@record checked; $($field: $fty = $value),*)
+                    }
+                }
+
+                // One flag test, then a tail call with the arguments still in registers:
+                // neither path pays for the registers and frame of the other.
+                register(0, move |$($arg: $aty),*| match file.direct() {
+                    Some(direct) => __probe_direct(direct, $($arg),*),
+                    None => __probe_checked(&file, $($arg),*),
                 })
             }
 
