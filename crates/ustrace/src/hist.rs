@@ -18,10 +18,10 @@
 //! - [`FileEnv`]'s `HistEnv::find_var` resolves `$var` (and `system.event.$var`) to a
 //!   variable of another registered trigger; without it every reference is "Couldn't find
 //!   variable", as on a kernel where no trigger defines it.
-//! - [`create_actions`] turns the parsed `onmatch`/`onmax`/`onchange` handlers and the
-//!   variable references into the histogram's [`HistHooks`] and extra variable slots,
-//!   after the trigger is known not to exist yet (the kernel's `create_actions` runs
-//!   there too). Until it exists, a trigger with handlers or references is refused.
+//! - [`crate::hist_inter::create`] turns the parsed `onmatch`/`onmax`/`onchange` handlers
+//!   and the variable references into the histogram's
+//!   [`HistHooks`](crate::stage::hist::HistHooks) and extra variable slots, after the
+//!   trigger is known not to exist yet (the kernel's `create_actions` runs there too).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -12,7 +12,7 @@
 //!   by adding a hidden `synthetic_FIELD=FIELD` trigger there; the tracked variable of
 //!   `onmax()`/`onchange()`; the fields `save()` keeps.
 //!
-//! The result is the stage's [`Inter`](crate::stage::hist::inter::Inter), which the record
+//! The result is the stage's [`Inter`], which the record
 //! path runs without looking anything up.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
