@@ -54,6 +54,16 @@ ustrace::trace_event! {
 }
 
 ustrace::trace_event! {
+    /// A process on the machine exited (from the proc connector, as the forks).
+    pub fn sched::sched_process_exit(comm: &str, pid: i32) {
+        comm: FixedStr<16> = FixedStr::new(comm),
+        pid: i32 = pid,
+        prio: i32 = 120,
+    }
+    print "comm=%s pid=%d prio=%d", comm, pid, prio;
+}
+
+ustrace::trace_event! {
     /// The worker started a helper thread.
     pub fn sched::sched_process_fork(parent: (&str, i32), child: (&str, i32)) {
         parent_comm: FixedStr<16> = FixedStr::new(parent.0),
@@ -181,11 +191,21 @@ extern "C" fn kfree(object: *mut Vec<u8>) {
     }
 }
 
-/// Allocates a buffer and records it, from this function.
+/// Where the fixture's allocations are recorded from: a C name, as the kernel's call
+/// sites are, so that `.sym` keys print a plain identifier (the selftests grep for
+/// `[_a-zA-Z]*`, which a Rust path with `::` is not).
+#[no_mangle]
+#[inline(never)]
+extern "C" fn fixture_kmalloc_site(len: usize) -> usize {
+    std::hint::black_box(len)
+}
+
+/// Allocates a buffer and records it; the call site is inside [`fixture_kmalloc_site`].
 #[inline(never)]
 fn fixture_alloc(len: usize) -> Vec<u8> {
-    let buf = vec![0u8; len];
-    let site = fixture_alloc as fn(usize) -> Vec<u8> as usize as u64;
+    let buf = vec![0u8; fixture_kmalloc_site(len)];
+    // An address inside the function, as a return address would be: `.sym-offset` shows +0x1.
+    let site = fixture_kmalloc_site as extern "C" fn(usize) -> usize as usize as u64 + 1;
     let (ptr, cap) = (buf.as_ptr() as u64, buf.capacity() as u64);
     kmalloc::trace(site, ptr, len as u64, cap);
     kmem_cache_alloc::trace(site, ptr, len as u64, cap);
@@ -321,7 +341,7 @@ fn comm_of(pid: i32) -> String {
         .unwrap_or_default()
 }
 
-/// Records `sched_process_fork` for every fork on the machine as the kernel reports it
+/// Records `sched_process_fork` (and `sched_process_exit`) for every fork (exit) on the machine as the kernel reports it
 /// through the proc connector (netlink, needs CAP_NET_ADMIN): the selftests fork a subshell
 /// and read the trigger's effect right after, which only a report of their own fork makes
 /// certain. Returns when the connector cannot be had, and the worker's forks stand in.
@@ -331,6 +351,7 @@ fn proc_connector() {
     const CN_VAL_PROC: u32 = 1;
     const PROC_CN_MCAST_LISTEN: u32 = 1;
     const PROC_EVENT_FORK: u32 = 1;
+    const PROC_EVENT_EXIT: u32 = 0x8000_0000;
     const NLMSG_HDR: usize = 16;
     const CN_MSG: usize = 20;
     // SAFETY: plain socket creation; the fd is owned by this function.
@@ -396,7 +417,18 @@ fn proc_connector() {
         };
         // proc_event: what, cpu, timestamp (2 words), then for a fork parent_pid,
         // parent_tgid, child_pid, child_tgid.
-        if event.len() < 32 || word(0) != PROC_EVENT_FORK {
+        if event.len() < 32 {
+            continue;
+        }
+        if word(0) == PROC_EVENT_EXIT {
+            // exit: process_pid, process_tgid, exit_code, exit_signal, ...
+            let pid = word(4) as i32;
+            if sched_process_exit::enabled() {
+                sched_process_exit::trace(&comm_of(pid), pid);
+            }
+            continue;
+        }
+        if word(0) != PROC_EVENT_FORK {
             continue;
         }
         let (parent, child) = (word(4) as i32, word(6) as i32);
