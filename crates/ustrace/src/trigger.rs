@@ -10,7 +10,8 @@
 //! each record — which triggers fire, and their actions after the record is committed or
 //! discarded — is the trigger stage, [`crate::stage::trigger`], which knows no instance.
 
-use std::sync::Arc;
+use std::cell::Cell;
+use std::sync::{Arc, Mutex};
 
 use ustrace_ctl::vfs::Errno;
 use ustrace_filter::trigger::{self as syntax, Command, Kind, Trigger};
@@ -90,8 +91,37 @@ pub fn listing(file: &EventFile) -> String {
     shown.concat()
 }
 
+/// Runs `change` as the only trigger change in the process, as the kernel's `event_mutex`
+/// serialises them. A hist trigger with inter-event parts reads and writes the trigger lists
+/// of other events while its own is locked (and may register hidden triggers through
+/// [`write`], which nests here on the same thread), so two such writes in opposite
+/// directions at once would each wait for the other's list; one at a time, they cannot.
+pub(crate) fn serialized<R>(change: impl FnOnce() -> R) -> R {
+    static CHANGES: Mutex<()> = Mutex::new(());
+    thread_local! {
+        static HOLDING: Cell<bool> = const { Cell::new(false) };
+    }
+    if HOLDING.with(Cell::get) {
+        return change();
+    }
+    let _serial = CHANGES.lock().unwrap_or_else(|e| e.into_inner());
+    struct Release;
+    impl Drop for Release {
+        fn drop(&mut self) {
+            HOLDING.with(|h| h.set(false));
+        }
+    }
+    HOLDING.with(|h| h.set(true));
+    let _release = Release;
+    change()
+}
+
 /// Applies one write to an event's `trigger` file.
 pub fn write(instance: &Instance, file: &Arc<EventFile>, text: &str) -> Result<(), Errno> {
+    serialized(|| write_serialized(instance, file, text))
+}
+
+fn write_serialized(instance: &Instance, file: &Arc<EventFile>, text: &str) -> Result<(), Errno> {
     // A write of nothing succeeds and does nothing, as on the kernel.
     if text.is_empty() {
         return Ok(());

@@ -1042,3 +1042,66 @@ fn string_variables_and_matching_event_strings_reach_the_synthetic_event() {
         "{lines:?}"
     );
 }
+
+// Two writers at once, each adding a trigger whose field variable makes a hidden trigger on
+// the other's event (so each locks its own event's trigger list and then the other's): the
+// kernel serialises trigger changes with its event_mutex, and so must we, or the two wait
+// for each other forever.
+#[test]
+fn crossed_inter_event_writes_at_once_do_not_deadlock() {
+    if skip_without_hist() {
+        return;
+    }
+    let mut t = Instance::new("inter-crossed");
+    t.synth("crossed_a u64 lat; int prio");
+    t.synth("crossed_b u64 lat; int prio");
+    t.append(
+        "events/sched/sched_waking/trigger",
+        "hist:keys=pid:ts0=common_timestamp\n",
+    )
+    .unwrap();
+    t.append(
+        "events/sched/sched_switch/trigger",
+        "hist:keys=next_pid:ts1=common_timestamp\n",
+    )
+    .unwrap();
+    let a = (
+        t.path("events/sched/sched_switch/trigger"),
+        "hist:keys=next_pid:la=common_timestamp-$ts0:onmatch(sched.sched_waking).crossed_a($la,sched.sched_waking.prio)",
+    );
+    let b = (
+        t.path("events/sched/sched_waking/trigger"),
+        "hist:keys=pid:lb=common_timestamp-$ts1:onmatch(sched.sched_switch).crossed_b($lb,sched.sched_switch.next_prio)",
+    );
+    // Each alone is accepted (and leaves a hidden trigger on the other event).
+    for (path, cmd) in [&a, &b] {
+        common::append(path, &format!("{cmd}\n")).unwrap();
+        common::append(path, &format!("!{cmd}\n")).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for (path, cmd) in [a, b] {
+        let done = done_tx.clone();
+        std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            while std::time::Instant::now() < deadline {
+                // Either may be refused while the other's trigger reads its variables.
+                let _ = common::append(&path, &format!("{cmd}\n"));
+                let _ = common::append(&path, &format!("!{cmd}\n"));
+                rounds += 1;
+            }
+            done.send(rounds).unwrap();
+        });
+    }
+    for _ in 0..2 {
+        match done_rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(rounds) => assert!(rounds > 0),
+            Err(_) => {
+                // Unwinding would wait on the stuck writers' locks (removing the instance):
+                // end the process so the failure is reported, not hung.
+                eprintln!("a writer is stuck: the crossed writes deadlocked");
+                std::process::exit(101);
+            }
+        }
+    }
+}

@@ -491,7 +491,7 @@ fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
                 // A truncating open drops the hist and enable_hist/disable_hist triggers
                 // (the only commands with the kernel's `unreg_all`); the others stay.
                 if flags.truncate {
-                    crate::hist::unregister_all(&event_file);
+                    crate::trigger::serialized(|| crate::hist::unregister_all(&event_file));
                 }
                 crate::trigger::listing(&event_file)
             },
