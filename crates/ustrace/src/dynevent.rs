@@ -283,7 +283,7 @@ impl FetchContext for HitContext<'_> {
         self.regs.map_or(0, |r| r.ax)
     }
     fn comm(&self) -> &[u8] {
-        self.comm.get_or_init(comm)
+        self.comm.get_or_init(crate::thread::current_comm_bytes)
     }
     fn event_record(&self) -> &[u8] {
         self.record
@@ -299,24 +299,6 @@ impl FetchContext for HitContext<'_> {
     fn return_ip(&self) -> u64 {
         self.ret_ip
     }
-}
-
-thread_local! {
-    static COMM: std::cell::Cell<Option<[u8; 16]>> = const { std::cell::Cell::new(None) };
-}
-
-fn comm() -> [u8; 16] {
-    COMM.with(|c| {
-        if let Some(comm) = c.get() {
-            return comm;
-        }
-        let name = crate::thread::current_comm();
-        let mut bytes = [0u8; 16];
-        let n = name.len().min(15);
-        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
-        c.set(Some(bytes));
-        bytes
-    })
 }
 
 /// Writes one record of `program` for this hit into `file`.

@@ -129,6 +129,33 @@ pub fn current_comm() -> String {
     String::from_utf8_lossy(&name[..end]).into_owned()
 }
 
+thread_local! {
+    static COMM_BYTES: std::cell::Cell<Option<[u8; 16]>> = const { std::cell::Cell::new(None) };
+}
+
+/// The calling thread's name as the kernel's 16-byte `comm` (NUL padded), asked of the
+/// kernel once per thread: filters and hist keys that name `comm` read it on the record
+/// path, which makes no system call. (A thread that renames itself later keeps its first
+/// name here.)
+pub fn current_comm_bytes() -> [u8; 16] {
+    let ask = || {
+        let name = current_comm();
+        let mut bytes = [0u8; 16];
+        let n = name.len().min(15);
+        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+        bytes
+    };
+    COMM_BYTES
+        .try_with(|cached| {
+            cached.get().unwrap_or_else(|| {
+                let bytes = ask();
+                cached.set(Some(bytes));
+                bytes
+            })
+        })
+        .unwrap_or_else(|_| ask())
+}
+
 /// Remembers `comm` for `tid`.
 pub fn save_comm(tid: i32, comm: &str) {
     table()

@@ -43,25 +43,6 @@ pub fn compile(layout: &[FieldDesc], text: &str) -> Result<Program, ustrace_filt
     ustrace_filter::compile(text, &fields, &env)
 }
 
-thread_local! {
-    static COMM: std::cell::Cell<([u8; 16], bool)> = const { std::cell::Cell::new(([0; 16], false)) };
-}
-
-fn current_comm_bytes() -> [u8; 16] {
-    COMM.with(|c| {
-        let (bytes, known) = c.get();
-        if known {
-            return bytes;
-        }
-        let name = crate::thread::current_comm();
-        let mut bytes = [0u8; 16];
-        let n = name.len().min(15);
-        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
-        c.set((bytes, true));
-        bytes
-    })
-}
-
 fn read_user_string(addr: u64, buf: &mut [u8]) -> Option<usize> {
     ustrace_inspect::uaccess::read_str(addr as usize, buf).ok()
 }
@@ -103,7 +84,7 @@ impl Compiled {
     #[inline(never)]
     fn matches_in_context(&self, record: &[u8]) -> bool {
         let comm = if self.needs_comm {
-            current_comm_bytes()
+            crate::thread::current_comm_bytes()
         } else {
             [0; 16]
         };

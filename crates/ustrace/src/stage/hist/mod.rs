@@ -250,27 +250,6 @@ fn str_src(f: &HistField) -> Option<StrSrc> {
     })
 }
 
-thread_local! {
-    static COMM: std::cell::Cell<([u8; 16], bool)> = const { std::cell::Cell::new(([0; 16], false)) };
-}
-
-/// The calling thread's name as 16 NUL-padded bytes, asked once per thread.
-fn current_comm() -> [u8; 16] {
-    COMM.try_with(|c| {
-        let (bytes, known) = c.get();
-        if known {
-            return bytes;
-        }
-        let name = crate::thread::current_comm();
-        let mut bytes = [0u8; 16];
-        let n = name.len().min(15);
-        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
-        c.set((bytes, true));
-        bytes
-    })
-    .unwrap_or([0; 16])
-}
-
 /// One histogram: the parsed trigger, its compiled fields and its map.
 pub struct Hist {
     /// The trigger as parsed (fields, sort keys, attributes, actions).
@@ -540,7 +519,7 @@ fn copy_str(record: &[u8], src: StrSrc, slot: &mut [u8]) {
             record.get(start..start + (loc >> 16)).unwrap_or(&[])
         }
         StrSrc::Comm => {
-            comm = current_comm();
+            comm = crate::thread::current_comm_bytes();
             &comm
         }
     };
