@@ -488,17 +488,7 @@ fn trace_action(
         // (type, size, signed, string variable) of the value, and the parameter.
         let (c_type, size, signed, string_var, made) = if let Some(vname) = var.strip_prefix('$') {
             let own = if t.is(system, event) {
-                var_field(data, vname).map(|f| VarTarget {
-                    hist: t.id,
-                    idx: f.var_idx,
-                    size: f.size,
-                    signed: f.signed,
-                    c_type: f.c_type.clone(),
-                    ts_flags: f.flags & (flags::TIMESTAMP | flags::TIMESTAMP_USECS),
-                    is_string: f.has(flags::STRING),
-                    var_flags: f.flags,
-                    constant: f.has(flags::CONST).then_some(f.constant),
-                })
+                var_field(data, vname).map(|f| target(t.id, f))
             } else {
                 None
             };
