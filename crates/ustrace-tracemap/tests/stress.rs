@@ -178,7 +178,7 @@ fn racing_take_var_hands_each_value_out_once() {
     }
 }
 
-/// `clear` while writers run (hist-core's `clear` does not pause them): afterwards, with the
+/// `clear` while writers run (the map allows it, whatever its user does): afterwards, with the
 /// writers stopped, the map must still be consistent — every published element reached once,
 /// under its own key, and `len` counting exactly those.
 #[test]

@@ -214,7 +214,7 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
                 } else if data.attrs.cont {
                     h.paused.store(false, Ordering::Relaxed);
                 } else {
-                    h.hist.map.clear();
+                    h.hist.clear();
                 }
                 return Ok(());
             }

@@ -860,6 +860,60 @@ fn totals_equal_events_written_under_concurrency() {
     write(&trig, "").unwrap();
 }
 
+/// `:clear` while writers run: updates stop and the ones in flight finish before the table
+/// is reset, so no entry keeps half an update (every event adds 1 hit and 2 bytes), and the
+/// table counts on afterwards.
+#[test]
+fn clear_under_concurrent_writers_leaves_whole_entries() {
+    let _s = serial();
+    let trig = format!("{KMALLOC}/trigger");
+    write(&trig, "hist:keys=call_site:vals=bytes_req").unwrap();
+    let threads = 2 * std::thread::available_parallelism().map_or(2, |n| n.get()) + 2;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    kmalloc::trace((n + t as u64) % 37, 0, 2, 2, 0);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    for _ in 0..200 {
+        append(&trig, "hist:keys=call_site:vals=bytes_req:clear").unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in handles {
+        h.join().unwrap();
+    }
+    let hist = read(&format!("{KMALLOC}/hist")).unwrap();
+    for entry in entries(&hist) {
+        let number = |name: &str| -> u64 {
+            let at = entry.find(name).unwrap() + name.len();
+            entry[at..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(number("bytes_req:"), 2 * number("hitcount:"), "{entry}");
+    }
+    let (hits, _, dropped) = totals(&hist);
+    assert_eq!(dropped, 0);
+    // Counting goes on after the last clear.
+    append(&trig, "hist:keys=call_site:vals=bytes_req:clear").unwrap();
+    for n in 0..10 {
+        kmalloc::trace(n % 3, 0, 2, 2, 0);
+    }
+    let hist = read(&format!("{KMALLOC}/hist")).unwrap();
+    assert_eq!(totals(&hist), (10, 3, 0), "{hits} hits before");
+    write(&trig, "").unwrap();
+}
+
 /// A trigger that uses timestamps sets its instance's clock (`global` unless `clock=` says
 /// otherwise), and an unknown clock is refused with the kernel's error.
 #[test]

@@ -277,6 +277,9 @@ pub struct Hist {
     /// fixed count of its own frames; ours depend on inlining and on the producer, a probe
     /// or `trace_marker`, so each histogram finds its own). `usize::MAX` until then.
     stack_skip: AtomicUsize,
+    /// Set while [`Hist::clear`] runs: updates of every trigger that shares the histogram
+    /// stop, as the kernel pauses the named triggers around its clear.
+    clearing: AtomicBool,
 }
 
 impl std::fmt::Debug for Hist {
@@ -414,6 +417,7 @@ impl Hist {
         };
         Ok(Hist {
             stack_skip: AtomicUsize::new(usize::MAX),
+            clearing: AtomicBool::new(false),
             plain,
             name: data.attrs.name.clone(),
             data,
@@ -427,9 +431,24 @@ impl Hist {
         })
     }
 
+    /// Empties the histogram (`:clear`) with no update in flight: updates stop, every record
+    /// path already inside one finishes (an RCU grace period: updates run inside the trigger
+    /// stage's read section), the map is cleared, updates resume. So no count is torn and
+    /// no key that arrives meanwhile is lost uncounted; records during the clear are not
+    /// counted, as on the kernel. Control path only; must not run inside a read section.
+    pub fn clear(&self) {
+        self.clearing.store(true, Ordering::SeqCst);
+        crate::rcu::synchronize();
+        self.map.clear();
+        self.clearing.store(false, Ordering::SeqCst);
+    }
+
     /// Adds one record. No lock, no allocation.
     #[inline]
     pub fn update(&self, record: &[u8], clock: ustrace_ringbuf::clock::Clock) {
+        if self.clearing.load(Ordering::Relaxed) {
+            return;
+        }
         if let Some(plain) = &self.plain {
             let key = plain.key.read(record).to_ne_bytes();
             let Some(elt) = self.map.insert(&key) else {
