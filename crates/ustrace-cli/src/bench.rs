@@ -50,7 +50,7 @@ use ustrace::trace::tracing;
 use ustrace_ringbuf::{clock::Clock, Config, RingBuffer};
 
 use crate::bench_measure::{
-    append, infallible, median, set, tally, time_per_op, time_recorded, Settings,
+    append, infallible, median, set, tally, time_per_op, time_probed, time_recorded, Settings,
 };
 
 /// Every figure the bench reports, in the order it reports them.
@@ -824,17 +824,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         let fp = builder
             .register_ips(&[target])
             .map_err(|e| format!("{name}: fprobe: {e}"))?;
-        let t = time_per_op(n, reps, infallible(call_loop));
-        let missed = fp.nmissed();
-        fp.unregister()
-            .map_err(|e| format!("{name}: unregister: {e}"))?;
-        let t = t?;
-        if missed != 0 {
-            return Err(format!(
-                "{name}: {missed} of {} probed calls missed their handlers",
-                t.ops
-            ));
-        }
+        let t = time_probed(name, fp, n, reps, infallible(call_loop))?;
         push(name, t.ns_per_op, "call_loop", None);
     }
 

@@ -51,6 +51,30 @@ pub(crate) fn time_per_op(
     })
 }
 
+/// [`time_per_op`] while `fp` is attached; then unregisters it and checks that no probed
+/// call missed its handlers (a figure for calls the probe skipped would be too low).
+/// Errors start with `what`.
+pub(crate) fn time_probed(
+    what: &str,
+    fp: ustrace_fprobe::Fprobe,
+    iterations: u64,
+    reps: usize,
+    body: impl FnMut(u64) -> Result<(), String>,
+) -> Result<Timing, String> {
+    let timing = time_per_op(iterations, reps, body);
+    let missed = fp.nmissed();
+    fp.unregister()
+        .map_err(|e| format!("{what}: unregister: {e}"))?;
+    let timing = timing?;
+    if missed != 0 {
+        return Err(format!(
+            "{what}: {missed} of {} probed calls missed their handlers",
+            timing.ops
+        ));
+    }
+    Ok(timing)
+}
+
 /// A loop that cannot fail, for [`time_per_op`].
 pub(crate) fn infallible(body: impl Fn(u64)) -> impl FnMut(u64) -> Result<(), String> {
     move |n| {

@@ -28,7 +28,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::bench_measure::{
-    append, infallible, json_escape, set, time_per_op, time_recorded, Settings,
+    append, infallible, json_escape, set, time_per_op, time_probed, time_recorded, Settings,
 };
 use ustrace::trace::tracing as ustrace_tracing;
 
@@ -336,19 +336,16 @@ fn fprobe_row(lib: Loaded, with_exit: bool, n: u64, reps: usize) -> Result<f64, 
     let fp = builder
         .register_ips(&[lib.work as usize])
         .map_err(|e| format!("fprobe on work: {e}"))?;
-    let t = time_per_op(
+    let t = time_probed(
+        "fprobe on work",
+        fp,
         n,
         reps,
         infallible(|k| {
             black_box((lib.run_calls)(k as i64));
         }),
-    );
-    let missed = fp.nmissed();
-    fp.unregister().map_err(|e| format!("unregister: {e}"))?;
-    if missed != 0 {
-        return Err(format!("{missed} probed calls missed their handlers"));
-    }
-    Ok(t?.ns_per_op)
+    )?;
+    Ok(t.ns_per_op)
 }
 
 /// The rows measured in this process.

@@ -38,7 +38,7 @@ use ustrace::trace::{tracing, EventFile};
 use ustrace::{Errno, FileSystem};
 
 use crate::bench_measure::{
-    infallible, json_escape, median, set, tally, time_per_op, time_recorded, Settings,
+    infallible, json_escape, median, set, tally, time_per_op, time_probed, time_recorded, Settings,
 };
 
 /// The curves `--scale` reports, in order.
@@ -352,17 +352,7 @@ fn fprobe_functions(
             .entry_handler(|_, _, _, _, _| ustrace_fprobe::EntryAction::Continue)
             .register_ips(&ips)
             .map_err(|e| format!("fprobe_functions: fprobe on {m} functions: {e}"))?;
-        let t = time_per_op(n, reps, infallible(body));
-        let missed = fp.nmissed();
-        fp.unregister()
-            .map_err(|e| format!("fprobe_functions: unregister: {e}"))?;
-        let t = t?;
-        if missed != 0 {
-            return Err(format!(
-                "fprobe_functions: {missed} of {} probed calls missed their handlers",
-                t.ops
-            ));
-        }
+        let t = time_probed("fprobe_functions", fp, n, reps, infallible(body))?;
         out.push(Point {
             curve: "fprobe_functions",
             count: m,
