@@ -19,8 +19,14 @@
 //! Nothing is attached until the event is enabled (or a trigger holds it in soft mode), as
 //! with static events. A definition that names something missing fails when written, with
 //! the kernel's error message in `error_log`.
+//!
+//! An `f` or `t` line that names an event of the same kind that already exists appends a
+//! probe to it (the kernel's `trace_probe_append`): the event then records from every one
+//! of its probes, which must agree in direction (entry or exit), kind and arguments (name,
+//! type, count), and may not repeat a probe it has. `dynamic_events` lists each probe on
+//! its own line, and `-:EVENT TARGET ...` removes one of them.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
 use ustrace_fprobe::{EntryAction, Fprobe, PtRegs};
@@ -34,17 +40,220 @@ use crate::event_file::EventFile;
 use crate::trace::tracing;
 use crate::tracefs::files::TextFile;
 
-/// A dynamic event's class: its definition and compiled program.
+/// A dynamic event's class: its probes (one, or more appended) and what they share.
 pub struct DynEvent {
-    /// The parsed definition, as `dynamic_events` lists it.
-    pub definition: ProbeDefinition,
-    program: Arc<Program>,
+    group: String,
+    name: String,
     fields: Vec<FieldDesc>,
-    /// For eprobes: the source event's id and the compiled `if` filter text.
+    /// The first probe's program: every probe of the event lays records out the same way,
+    /// so this one formats and prints them.
+    program: Arc<Program>,
+    /// The first probe's definition, the one [`EventClass::render_line`] names fields by.
+    first: ProbeDefinition,
+    /// For eprobes: the source event's id.
     source: Option<EventId>,
+    state: Mutex<ProbeState>,
 }
 
-/// Dynamic events in creation order (the order `dynamic_events` lists them).
+/// The probes of an event and the event files they are attached to. Held only on the
+/// control path (enabling, appending, removing).
+#[derive(Default)]
+struct ProbeState {
+    probes: Vec<Arc<Probe>>,
+    live: Vec<Weak<LiveAttachment>>,
+}
+
+/// One probe of a dynamic event.
+struct Probe {
+    definition: ProbeDefinition,
+    program: Arc<Program>,
+    /// Where `dynamic_events` lists it: the kernel lists probes in the order they were
+    /// added, so an appended probe comes after the newest event of its time.
+    order: (EventId, u64),
+}
+
+/// An event's probes attached to one event file; appended probes join it.
+struct LiveAttachment {
+    file: Arc<EventFile>,
+    parts: Mutex<Vec<(Arc<Probe>, Attached)>>,
+}
+
+/// What [`EventClass::attach`] hands the event file.
+struct AttachHandle(Arc<LiveAttachment>);
+
+impl Attachment for AttachHandle {
+    fn detach(self: Box<Self>) {
+        let parts = std::mem::take(&mut *self.0.parts.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, part) in parts {
+            Box::new(part).detach();
+        }
+    }
+}
+
+impl DynEvent {
+    /// The definition of the event's first probe.
+    pub fn definition(&self) -> ProbeDefinition {
+        self.first.clone()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ProbeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the `f`/`t` probes of `definition` may join this event's, and if not the
+    /// kernel's error (`append_trace_fprobe`).
+    fn check_append(&self, definition: &ProbeDefinition) -> Result<(), ustrace_probe::ProbeError> {
+        let exist = |id, index| Err(definition.error(id, index, 0, ProbeErrno::Exist));
+        let is_return = |k: ProbeKind| k == ProbeKind::Fexit;
+        let is_tracepoint = |k: ProbeKind| k == ProbeKind::Tracepoint;
+        let first = &self.first;
+        if is_return(first.kind) != is_return(definition.kind)
+            || is_tracepoint(first.kind) != is_tracepoint(definition.kind)
+        {
+            return exist(ErrorId::DIFF_PROBE_TYPE, 0);
+        }
+        if let Some(position) = differing_arg(&definition.args, &first.args) {
+            // Arguments start at word 2 of the command; `position` counts from 1.
+            return exist(ErrorId::DIFF_ARG_TYPE, position + 1);
+        }
+        let same = self.state().probes.iter().any(|p| {
+            p.definition.target == definition.target
+                && p.definition
+                    .args
+                    .iter()
+                    .zip(&definition.args)
+                    .all(|(a, b)| a.comm == b.comm)
+        });
+        if same {
+            return exist(ErrorId::SAME_PROBE, 0);
+        }
+        Ok(())
+    }
+
+    /// Attaches one probe to `file`.
+    fn attach_probe(&self, probe: &Probe, file: Arc<EventFile>) -> Result<Attached, Errno> {
+        let program = probe.program.clone();
+        let definition = &probe.definition;
+        match definition.kind {
+            ProbeKind::Fentry => {
+                let fp = Fprobe::builder()
+                    .entry_handler(move |_fp, entry_ip, _ret_ip, regs, _data| {
+                        let ctx = HitContext {
+                            regs: Some(regs),
+                            ip: entry_ip as u64,
+                            ..HitContext::empty()
+                        };
+                        emit(&file, &program, &ctx);
+                        EntryAction::Continue
+                    })
+                    .register_ips(&fprobe_targets(&definition.target)?)
+                    .map_err(fprobe_errno)?;
+                Ok(Attached::Fprobe(Some(fp)))
+            }
+            ProbeKind::Fexit => {
+                let entry_words = program.entry_data_size() / 8;
+                let saver = program.clone();
+                let mut builder = Fprobe::builder();
+                if definition.maxactive > 0 {
+                    builder = builder.nr_maxactive(definition.maxactive);
+                }
+                let fp = builder
+                    .entry_data_size(program.entry_data_size().max(8))
+                    .entry_handler(move |_fp, entry_ip, _ret_ip, regs, data| {
+                        if entry_words > 0 {
+                            let ctx = HitContext {
+                                regs: Some(regs),
+                                ip: entry_ip as u64,
+                                ..HitContext::empty()
+                            };
+                            let mut words = [0u64; 16];
+                            let n = entry_words.min(words.len());
+                            saver.save_entry(&ctx, &mut words[..n]);
+                            for (chunk, w) in data.chunks_exact_mut(8).zip(&words[..n]) {
+                                chunk.copy_from_slice(&w.to_ne_bytes());
+                            }
+                        }
+                        EntryAction::Continue
+                    })
+                    .exit_handler(move |_fp, entry_ip, ret_ip, regs, data| {
+                        let mut words = [0u64; 16];
+                        let n = entry_words.min(words.len());
+                        for (w, chunk) in words[..n].iter_mut().zip(data.chunks_exact(8)) {
+                            *w = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
+                        }
+                        let ctx = HitContext {
+                            regs: Some(regs),
+                            entry: &words[..n],
+                            ip: entry_ip as u64,
+                            ret_ip: ret_ip as u64,
+                            ..HitContext::empty()
+                        };
+                        emit(&file, &program, &ctx);
+                    })
+                    .register_ips(&fprobe_targets(&definition.target)?)
+                    .map_err(fprobe_errno)?;
+                Ok(Attached::Fprobe(Some(fp)))
+            }
+            ProbeKind::Tracepoint => {
+                let tp = crate::tracepoint::find(&definition.target).ok_or(Errno::ENOENT)?;
+                let register = tp.info().register_raw.ok_or(Errno::EINVAL)?;
+                // The kernel records the address of the tracepoint's probe stub
+                // (`__probestub_NAME`), the function its tprobe hooks. Here the function
+                // that hands the tracepoint's arguments to raw probes plays that part:
+                // the tracepoint's own `register_raw`, which names the tracepoint.
+                let stub = register as usize as u64;
+                let id = register(
+                    0,
+                    Arc::new(move |words: &[u64]| {
+                        let ctx = HitContext {
+                            words,
+                            ip: stub,
+                            ..HitContext::empty()
+                        };
+                        emit(&file, &program, &ctx);
+                    }),
+                );
+                Ok(Attached::Tracepoint(tp, id))
+            }
+            ProbeKind::Eprobe => {
+                let instance = crate::trace::instance_of(&file).ok_or(Errno::ENODEV)?;
+                let source = instance
+                    .file(self.source.ok_or(Errno::ENOENT)?)
+                    .ok_or(Errno::ENOENT)?;
+                let filter = match &definition.filter {
+                    Some(text) => Some(crate::filter::compile_for(&instance, &source.event, text)?),
+                    None => None,
+                };
+                let id = crate::trigger::add_hook(
+                    &source,
+                    filter,
+                    Arc::new(move |record: &[u8]| {
+                        let ctx = HitContext {
+                            record,
+                            ..HitContext::empty()
+                        };
+                        emit(&file, &program, &ctx);
+                    }),
+                )?;
+                Ok(Attached::Hook(source, id))
+            }
+            ProbeKind::Uprobe | ProbeKind::Uretprobe => Err(Errno::EINVAL),
+        }
+    }
+}
+
+/// The first argument (counted from 1) whose name, type or count differs, or where one
+/// list ends before the other (the kernel's `trace_probe_compare_arg_type`).
+fn differing_arg(a: &[ustrace_probe::ArgDef], b: &[ustrace_probe::ArgDef]) -> Option<usize> {
+    if a.len() != b.len() {
+        return Some(a.len().min(b.len()) + 1);
+    }
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x.name != y.name || x.ty != y.ty || x.count != y.count)
+        .map(|i| i + 1)
+}
+/// Dynamic events in creation order.
 static DYNAMIC: Mutex<Vec<(EventId, Arc<DynEvent>)>> = Mutex::new(Vec::new());
 
 fn to_desc(spec: &FieldSpec) -> FieldDesc {
@@ -342,10 +551,10 @@ impl Attachment for Attached {
 
 impl EventClass for DynEvent {
     fn system(&self) -> &str {
-        &self.definition.group
+        &self.group
     }
     fn name(&self) -> &str {
-        &self.definition.event
+        &self.name
     }
     fn fields(&self) -> Vec<FieldDesc> {
         self.fields.clone()
@@ -356,7 +565,7 @@ impl EventClass for DynEvent {
     fn render_line(&self, record: &[u8], out: &mut String) -> bool {
         let inventory = ustrace_inspect::symbols::inventory();
         self.program
-            .print_event(&self.definition, record, Some(&inventory), out);
+            .print_event(&self.first, record, Some(&inventory), out);
         true
     }
     fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
@@ -365,112 +574,27 @@ impl EventClass for DynEvent {
         // since it was installed: reclaim it now, in front of the newcomer (checking
         // per read would cost a syscall on the hit path).
         ustrace_inspect::uaccess::install().map_err(|_| Errno::EIO)?;
-        let program = self.program.clone();
-        match self.definition.kind {
-            ProbeKind::Fentry => {
-                let fp = Fprobe::builder()
-                    .entry_handler(move |_fp, entry_ip, _ret_ip, regs, _data| {
-                        let ctx = HitContext {
-                            regs: Some(regs),
-                            ip: entry_ip as u64,
-                            ..HitContext::empty()
-                        };
-                        emit(&file, &program, &ctx);
-                        EntryAction::Continue
-                    })
-                    .register_ips(&fprobe_targets(&self.definition.target)?)
-                    .map_err(fprobe_errno)?;
-                Ok(Box::new(Attached::Fprobe(Some(fp))))
-            }
-            ProbeKind::Fexit => {
-                let entry_words = program.entry_data_size() / 8;
-                let saver = program.clone();
-                let mut builder = Fprobe::builder();
-                if self.definition.maxactive > 0 {
-                    builder = builder.nr_maxactive(self.definition.maxactive);
+        let live = Arc::new(LiveAttachment {
+            file: file.clone(),
+            parts: Mutex::new(Vec::new()),
+        });
+        let mut state = self.state();
+        for probe in &state.probes {
+            match self.attach_probe(probe, file.clone()) {
+                Ok(part) => live
+                    .parts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((probe.clone(), part)),
+                Err(e) => {
+                    Box::new(AttachHandle(live)).detach();
+                    return Err(e);
                 }
-                let fp = builder
-                    .entry_data_size(program.entry_data_size().max(8))
-                    .entry_handler(move |_fp, entry_ip, _ret_ip, regs, data| {
-                        if entry_words > 0 {
-                            let ctx = HitContext {
-                                regs: Some(regs),
-                                ip: entry_ip as u64,
-                                ..HitContext::empty()
-                            };
-                            let mut words = [0u64; 16];
-                            let n = entry_words.min(words.len());
-                            saver.save_entry(&ctx, &mut words[..n]);
-                            for (chunk, w) in data.chunks_exact_mut(8).zip(&words[..n]) {
-                                chunk.copy_from_slice(&w.to_ne_bytes());
-                            }
-                        }
-                        EntryAction::Continue
-                    })
-                    .exit_handler(move |_fp, entry_ip, ret_ip, regs, data| {
-                        let mut words = [0u64; 16];
-                        let n = entry_words.min(words.len());
-                        for (w, chunk) in words[..n].iter_mut().zip(data.chunks_exact(8)) {
-                            *w = u64::from_ne_bytes(chunk.try_into().expect("8 bytes"));
-                        }
-                        let ctx = HitContext {
-                            regs: Some(regs),
-                            entry: &words[..n],
-                            ip: entry_ip as u64,
-                            ret_ip: ret_ip as u64,
-                            ..HitContext::empty()
-                        };
-                        emit(&file, &program, &ctx);
-                    })
-                    .register_ips(&fprobe_targets(&self.definition.target)?)
-                    .map_err(fprobe_errno)?;
-                Ok(Box::new(Attached::Fprobe(Some(fp))))
             }
-            ProbeKind::Tracepoint => {
-                let tp = crate::tracepoint::find(&self.definition.target).ok_or(Errno::ENOENT)?;
-                let register = tp.info().register_raw.ok_or(Errno::EINVAL)?;
-                // The kernel records the address of the tracepoint's probe stub
-                // (`__probestub_NAME`), the function its tprobe hooks. Here the function
-                // that hands the tracepoint's arguments to raw probes plays that part:
-                // the tracepoint's own `register_raw`, which names the tracepoint.
-                let stub = register as usize as u64;
-                let id = register(
-                    0,
-                    Arc::new(move |words: &[u64]| {
-                        let ctx = HitContext {
-                            words,
-                            ip: stub,
-                            ..HitContext::empty()
-                        };
-                        emit(&file, &program, &ctx);
-                    }),
-                );
-                Ok(Box::new(Attached::Tracepoint(tp, id)))
-            }
-            ProbeKind::Eprobe => {
-                let instance = crate::trace::instance_of(&file).ok_or(Errno::ENODEV)?;
-                let source = instance
-                    .file(self.source.ok_or(Errno::ENOENT)?)
-                    .ok_or(Errno::ENOENT)?;
-                let filter = match &self.definition.filter {
-                    Some(text) => Some(crate::filter::compile_for(&instance, &source.event, text)?),
-                    None => None,
-                };
-                let id = crate::trigger::add_hook(
-                    &source,
-                    filter,
-                    Arc::new(move |record: &[u8]| {
-                        let ctx = HitContext {
-                            record,
-                            ..HitContext::empty()
-                        };
-                        emit(&file, &program, &ctx);
-                    }),
-                )?;
-                Ok(Box::new(Attached::Hook(source, id)))
-            }
-            ProbeKind::Uprobe | ProbeKind::Uretprobe => Err(Errno::EINVAL),
         }
+        state.live.retain(|w| w.strong_count() > 0);
+        state.live.push(Arc::downgrade(&live));
+        Ok(Box::new(AttachHandle(live)))
     }
 }
 
@@ -499,17 +623,22 @@ fn fprobe_errno(e: ustrace_fprobe::Error) -> Errno {
     }
 }
 
-/// The `dynamic_events` listing: every dynamic event in the kernel's canonical form.
+/// The `dynamic_events` listing: every probe of every dynamic event in the kernel's
+/// canonical form, in the order they were made.
 pub fn listing() -> String {
-    let mut lines: Vec<(EventId, String)> = DYNAMIC
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .map(|(id, e)| (*id, format!("{}\n", e.definition.canonical())))
-        .collect();
+    let mut lines: Vec<((EventId, u64), String)> = Vec::new();
+    for (_, event) in DYNAMIC.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for probe in &event.state().probes {
+            lines.push((probe.order, format!("{}\n", probe.definition.canonical())));
+        }
+    }
     // Ids rise with creation, so merging by id lists every kind in creation order.
-    lines.extend(crate::synth::dyn_listing());
-    lines.sort_by_key(|(id, _)| *id);
+    lines.extend(
+        crate::synth::dyn_listing()
+            .into_iter()
+            .map(|(id, line)| ((id, 0), line)),
+    );
+    lines.sort_by_key(|(order, _)| *order);
     lines.into_iter().map(|(_, line)| line).collect()
 }
 
@@ -540,6 +669,22 @@ pub fn create(definition: ProbeDefinition) -> Result<EventId, Errno> {
 /// [`create`] without the logging: the errno, and the `error_log` entry the failure calls for.
 fn create_checked(definition: ProbeDefinition) -> Result<EventId, (Errno, Option<String>)> {
     let logged = |e: ustrace_probe::ProbeError| (Errno(e.errno.code()), Some(e.log_text()));
+    // An `f`/`t` line naming an existing event of the same family appends to it; the
+    // kernel checks that before it looks for the probed symbol.
+    let existing = match definition.kind {
+        ProbeKind::Fentry | ProbeKind::Fexit | ProbeKind::Tracepoint => {
+            find_event(Some(&definition.group), &definition.event).filter(|(_, e)| {
+                matches!(
+                    e.first.kind,
+                    ProbeKind::Fentry | ProbeKind::Fexit | ProbeKind::Tracepoint
+                )
+            })
+        }
+        _ => None,
+    };
+    if let Some((_, event)) = &existing {
+        event.check_append(&definition).map_err(logged)?;
+    }
     let source = match definition.kind {
         ProbeKind::Eprobe => Some(
             registry()
@@ -576,21 +721,128 @@ fn create_checked(definition: ProbeDefinition) -> Result<EventId, (Errno, Option
         ProbeKind::Uprobe | ProbeKind::Uretprobe => return Err((Errno::EINVAL, None)),
         ProbeKind::Tracepoint => None,
     };
-    let program = definition.compile(Some(ustrace_inspect::symbols::inventory()));
+    let program = Arc::new(definition.compile(Some(ustrace_inspect::symbols::inventory())));
+    if let Some((id, event)) = existing {
+        // Registering the new probe where the event is enabled can still fail.
+        let failed = |errno: Errno| {
+            let id = if errno == Errno::ENOENT {
+                ErrorId::BAD_PROBE_ADDR
+            } else {
+                ErrorId::FAIL_REG_PROBE
+            };
+            Some(definition.error(id, 1, 0, ProbeErrno::Inval).log_text())
+        };
+        let failed_log = [failed(Errno::ENOENT), failed(Errno::EINVAL)];
+        append(&event, definition, program).map_err(|e| {
+            let log = if e == Errno::ENOENT {
+                failed_log[0].clone()
+            } else {
+                failed_log[1].clone()
+            };
+            (e, log)
+        })?;
+        return Ok(id);
+    }
     let fields = program.fields().iter().map(to_desc).collect();
-    let class = Arc::new(DynEvent {
-        definition,
-        program: Arc::new(program),
-        fields,
-        source,
+    let event_exists = definition.error(ErrorId::EVENT_EXIST, 0, 0, ProbeErrno::Exist);
+    let probe = Arc::new(Probe {
+        definition: definition.clone(),
+        program: program.clone(),
+        order: (EventId(0), 0),
     });
-    let event = registry().add(class.clone()).map_err(|e| (e, None))?;
+    let class = Arc::new(DynEvent {
+        group: definition.group.clone(),
+        name: definition.event.clone(),
+        fields,
+        program,
+        first: definition,
+        source,
+        state: Mutex::new(ProbeState {
+            probes: vec![probe],
+            live: Vec::new(),
+        }),
+    });
+    let event = registry().add(class.clone()).map_err(|e| {
+        if e == Errno::EEXIST {
+            logged(event_exists)
+        } else {
+            (e, None)
+        }
+    })?;
+    if let Some(first) = class.state().probes.first_mut() {
+        // Only this thread holds the probe yet: give it its place in the listing.
+        if let Some(probe) = Arc::get_mut(first) {
+            probe.order = (event.id, 0);
+        }
+    }
     tracing().add_event(event.clone());
     DYNAMIC
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push((event.id, class));
     Ok(event.id)
+}
+
+/// Adds a probe to `event` and attaches it wherever the event is attached.
+fn append(
+    event: &DynEvent,
+    definition: ProbeDefinition,
+    program: Arc<Program>,
+) -> Result<(), Errno> {
+    let newest = registry()
+        .all()
+        .iter()
+        .map(|e| e.id)
+        .max()
+        .unwrap_or(EventId(0));
+    static APPENDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let probe = Arc::new(Probe {
+        definition,
+        program,
+        order: (
+            newest,
+            APPENDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        ),
+    });
+    let mut state = event.state();
+    let live: Vec<Arc<LiveAttachment>> = state.live.iter().filter_map(Weak::upgrade).collect();
+    let mut done: Vec<(Arc<LiveAttachment>, Attached)> = Vec::new();
+    for attachment in &live {
+        match event.attach_probe(&probe, attachment.file.clone()) {
+            Ok(part) => done.push((attachment.clone(), part)),
+            Err(e) => {
+                for (_, part) in done {
+                    Box::new(part).detach();
+                }
+                return Err(e);
+            }
+        }
+    }
+    for (attachment, part) in done {
+        attachment
+            .parts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((probe.clone(), part));
+    }
+    state.probes.push(probe);
+    Ok(())
+}
+
+/// Removes one probe of an event that has others, detaching it wherever it is attached;
+/// the event stays (the kernel's unregister of a probe with siblings, allowed while enabled).
+fn remove_probe(event: &DynEvent, probe: &Arc<Probe>) {
+    let mut state = event.state();
+    state.probes.retain(|p| !Arc::ptr_eq(p, probe));
+    for attachment in state.live.iter().filter_map(Weak::upgrade) {
+        let mut parts = attachment.parts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = parts.iter().position(|(p, _)| Arc::ptr_eq(p, probe)) {
+            let (_, part) = parts.remove(at);
+            Box::new(part).detach();
+        }
+    }
+    drop(state);
+    crate::tracepoint::synchronize_unregister();
 }
 
 /// Removes one dynamic event; `EBUSY` while it is enabled, held by triggers, or the source
@@ -645,12 +897,16 @@ pub fn run_command(line: &str) -> Result<(), (Errno, Option<String>)> {
 
 /// Finds a dynamic event by group (any when `None`) and name.
 pub fn find(group: Option<&str>, event: &str) -> Option<EventId> {
+    find_event(group, event).map(|(id, _)| id)
+}
+
+fn find_event(group: Option<&str>, event: &str) -> Option<(EventId, Arc<DynEvent>)> {
     DYNAMIC
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .find(|(_, e)| e.definition.event == event && group.is_none_or(|g| e.definition.group == g))
-        .map(|(id, _)| *id)
+        .find(|(_, e)| e.name == event && group.is_none_or(|g| e.group == g))
+        .cloned()
 }
 
 fn apply(command: DynCommand) -> Result<(), (Errno, Option<String>)> {
@@ -658,20 +914,35 @@ fn apply(command: DynCommand) -> Result<(), (Errno, Option<String>)> {
         DynCommand::Empty => Ok(()),
         DynCommand::Create(definition) => create_checked(definition).map(|_| ()),
         DynCommand::Remove(removal) => {
-            let matching: Vec<EventId> = DYNAMIC
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .filter(|(_, e)| e.definition.matches(&removal))
-                .map(|(id, _)| *id)
-                .collect();
+            // Each matching probe goes; an event goes with its last probe.
+            let mut whole: Vec<EventId> = Vec::new();
+            let mut some: Vec<(Arc<DynEvent>, Vec<Arc<Probe>>)> = Vec::new();
+            for (id, event) in DYNAMIC.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                let state = event.state();
+                let matching: Vec<Arc<Probe>> = state
+                    .probes
+                    .iter()
+                    .filter(|p| p.definition.matches(&removal))
+                    .cloned()
+                    .collect();
+                if matching.len() == state.probes.len() && !matching.is_empty() {
+                    whole.push(*id);
+                } else if !matching.is_empty() {
+                    some.push((event.clone(), matching));
+                }
+            }
             let synthetic =
                 crate::synth::remove_matching(removal.group.as_deref(), removal.event.as_deref())
                     .map_err(|e| (e, None))?;
-            if matching.is_empty() && synthetic == 0 {
+            if whole.is_empty() && some.is_empty() && synthetic == 0 {
                 return Err((Errno::ENOENT, None));
             }
-            for id in matching {
+            for (event, probes) in some {
+                for probe in &probes {
+                    remove_probe(&event, probe);
+                }
+            }
+            for id in whole {
                 remove(id).map_err(|e| (e, None))?;
             }
             Ok(())

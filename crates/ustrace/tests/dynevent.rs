@@ -757,3 +757,113 @@ fn versions_of_a_stripped_library_are_spelled_out() {
     let _ = write("dynamic_events", "");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A second probe point for the append test, with `vfs_read`'s shape.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn vfs_readv(file: *mut File, buf: *mut u8, count: usize, pos: *mut i64) -> isize {
+    std::hint::black_box((file, buf, pos));
+    count as isize + 1
+}
+
+// fprobetrace.rst and the kernel's fprobe_syntax_errors.tc ("Create/append/" in README):
+// a line naming an existing `f` event adds a probe to it, if direction, kind and arguments
+// agree, with the kernel's errors (append_trace_fprobe) where they do not.
+#[test]
+fn probes_append_to_an_existing_event() {
+    let t = Scope::new("dyn-append");
+    let _ = write("error_log", "");
+    append("dynamic_events", "f:grp/rd vfs_read n=$arg3\n").unwrap();
+    let rejected = |command: &str, message: &str, caret: usize| {
+        assert_eq!(
+            append("dynamic_events", &format!("{command}\n")),
+            Err(Errno::EEXIST),
+            "{command}"
+        );
+        assert_eq!(
+            last_error(),
+            format!(
+                "trace_fprobe: error: {message}\n  Command: {command}\n{}^\n",
+                " ".repeat("  Command: ".len() + caret)
+            ),
+            "{command}"
+        );
+    };
+    // Checked before the symbol: do_exit is no function of this process.
+    rejected(
+        "f:grp/rd do_exit%return",
+        "Probe type is different from existing probe",
+        0,
+    );
+    rejected(
+        "t:grp/rd dyn_sched_switch",
+        "Probe type is different from existing probe",
+        0,
+    );
+    let diff = "Argument type or name is different from existing probe";
+    // The caret is under the first argument that differs (after the last word when one
+    // list is longer).
+    rejected("f:grp/rd vfs_readv m=$arg3", diff, 19);
+    rejected("f:grp/rd vfs_readv n=$arg3:u8", diff, 19);
+    rejected("f:grp/rd vfs_readv n=$arg3 m=$arg1", diff, 27);
+    rejected("f:grp/rd vfs_readv", diff, 19);
+    rejected(
+        "f:grp/rd vfs_read n=$arg3",
+        "There is already the exact same probe event",
+        0,
+    );
+    // A static event's name is taken by another kind of event.
+    rejected(
+        "f:dsched/waking vfs_read",
+        "Given group/event name is already used by another event",
+        0,
+    );
+    assert_eq!(read("dynamic_events"), "f:grp/rd vfs_read n=$arg3\n");
+
+    // The same function with other fetches is another probe; so is another function.
+    append("dynamic_events", "f:grp/rd vfs_read n=$arg2\n").unwrap();
+    write(&t.p("events/grp/rd/enable"), "1\n").unwrap();
+    // Appended while enabled: it fires at once.
+    append("dynamic_events", "f:grp/rd vfs_readv n=$arg3\n").unwrap();
+    assert_eq!(
+        read("dynamic_events"),
+        "f:grp/rd vfs_read n=$arg3\nf:grp/rd vfs_read n=$arg2\nf:grp/rd vfs_readv n=$arg3\n"
+    );
+    let mut file = File {
+        f_mode: 0,
+        f_inode: 0,
+    };
+    let mut pos = 0i64;
+    let buf = 0x1234 as *mut u8;
+    vfs_read(&mut file, buf, 7, &mut pos);
+    vfs_readv(&mut file, buf, 9, &mut pos);
+    let lines: Vec<String> = t.lines().iter().map(|l| text_of(l).to_string()).collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(
+        lines[..2].iter().any(|l| l.ends_with(" n=0x7")),
+        "{lines:?}"
+    );
+    assert!(
+        lines[..2].iter().any(|l| l.ends_with(" n=0x1234")),
+        "{lines:?}"
+    );
+    assert!(
+        lines[2].starts_with("rd: (vfs_readv+0x") && lines[2].ends_with(" n=0x9"),
+        "{lines:?}"
+    );
+
+    // One probe of several goes even while the event is enabled; the last one may not.
+    append("dynamic_events", "-:grp/rd vfs_read n=$arg2\n").unwrap();
+    append("dynamic_events", "-:grp/rd vfs_readv\n").unwrap();
+    assert_eq!(read("dynamic_events"), "f:grp/rd vfs_read n=$arg3\n");
+    write(&t.p("trace"), "").unwrap();
+    vfs_read(&mut file, buf, 5, &mut pos);
+    vfs_readv(&mut file, buf, 6, &mut pos);
+    let lines: Vec<String> = t.lines().iter().map(|l| text_of(l).to_string()).collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].ends_with(" n=0x5"), "{lines:?}");
+    assert_eq!(append("dynamic_events", "-:grp/rd\n"), Err(Errno::EBUSY));
+    write(&t.p("events/grp/rd/enable"), "0\n").unwrap();
+    append("dynamic_events", "-:grp/rd\n").unwrap();
+    assert_eq!(read("dynamic_events"), "");
+}
