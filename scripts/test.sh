@@ -11,9 +11,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     need=()
     # uftrace, lttng-tools and liblttng-ust-dev are peers of `ustrace bench --peers` (its
     # smoke test runs them for a few thousand calls); linux-source-6.12 carries the kernel's
-    # ftrace selftests (scripts/ftrace-selftests.sh).
+    # ftrace selftests (scripts/ftrace-selftests.sh); trace-cmd reads the trace.dat files
+    # ustrace writes and runs against a ustrace tracefs; gcc builds the C programs that the
+    # record and function-tracer tests trace.
     for pkg in libtraceevent-dev fuse3 pkg-config uftrace lttng-tools liblttng-ust-dev \
-        linux-source-6.12; do
+        linux-source-6.12 trace-cmd gcc; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     if [ ${#need[@]} -gt 0 ]; then
