@@ -133,6 +133,13 @@ enum DirectSrc {
     RetVal,
     Imm(u64),
     StackP,
+    /// A number in the source record (eprobes), loaded as the interpreter's
+    /// `EventField` loads one of 1, 2, 4 or 8 bytes.
+    Field {
+        offset: usize,
+        size: usize,
+        signed: bool,
+    },
 }
 
 impl DirectArg {
@@ -154,6 +161,26 @@ impl DirectArg {
             Insn::RetVal => DirectSrc::RetVal,
             Insn::Imm(v) => DirectSrc::Imm(v),
             Insn::StackP => DirectSrc::StackP,
+            Insn::EventField {
+                offset,
+                size,
+                signed,
+                kind,
+            } if matches!(size, 1 | 2 | 4 | 8)
+                && !matches!(
+                    kind,
+                    FieldKind::DynString
+                        | FieldKind::DynBytes
+                        | FieldKind::CharArray
+                        | FieldKind::TailString
+                ) =>
+            {
+                DirectSrc::Field {
+                    offset: offset as usize,
+                    size: size as usize,
+                    signed,
+                }
+            }
             _ => return None,
         };
         Some(DirectArg {
@@ -171,6 +198,19 @@ impl DirectArg {
             DirectSrc::RetVal => ctx.return_value(),
             DirectSrc::Imm(v) => v,
             DirectSrc::StackP => ctx.stack_pointer(),
+            DirectSrc::Field {
+                offset,
+                size,
+                signed,
+            } => {
+                let raw = le_load(ctx.event_record().get(offset..offset + size)?);
+                match (size, signed) {
+                    (1, true) => raw as u8 as i8 as i64 as u64,
+                    (2, true) => raw as u16 as i16 as i64 as u64,
+                    (4, true) => raw as u32 as i32 as i64 as u64,
+                    _ => raw,
+                }
+            }
         })
     }
 }
@@ -890,6 +930,103 @@ mod tests {
         ];
         for (line, direct) in cases {
             let d = match parse_command(line, &RegsEnv) {
+                Ok(DynCommand::Create(d)) => d,
+                other => panic!("{line}: {other:?}"),
+            };
+            let fast = d.compile(None);
+            let codes: Vec<_> = d.args.iter().map(|a| (&a.code, a.ty, a.count)).collect();
+            assert_eq!(fast.direct.is_some(), direct, "{line}: {codes:?}");
+            let mut slow = fast.clone();
+            slow.direct = None;
+            let n = fast.record_size(&ctx);
+            assert_eq!(n, slow.record_size(&ctx), "{line}");
+            let (mut a, mut b) = (vec![0xAAu8; n], vec![0x55u8; n]);
+            assert_eq!(fast.run(&ctx, &mut a), slow.run(&ctx, &mut b), "{line}");
+            assert_eq!(a, b, "{line}");
+        }
+    }
+
+    /// A source record for eprobes: fields of every layout class.
+    struct Rec(Vec<u8>);
+
+    struct RecEnv;
+
+    impl ProbeEnv for RecEnv {
+        fn event_fields(&self, _system: &str, _event: &str) -> Option<Vec<FieldSpec>> {
+            let f = |name: &str, c_type: &str, offset, size, signed, kind| FieldSpec {
+                name: name.into(),
+                c_type: c_type.into(),
+                offset,
+                size,
+                signed,
+                kind,
+            };
+            Some(vec![
+                f("b", "s8", 8, 1, true, FieldKind::Int),
+                f("h", "s16", 10, 2, true, FieldKind::Int),
+                f("w", "int", 12, 4, true, FieldKind::Int),
+                f("u", "unsigned int", 16, 4, false, FieldKind::Int),
+                f("q", "u64", 24, 8, false, FieldKind::Int),
+                f(
+                    "arr",
+                    "u8[4]",
+                    32,
+                    4,
+                    false,
+                    FieldKind::IntArray {
+                        elem_size: 1,
+                        len: 4,
+                    },
+                ),
+                f("name", "char[8]", 40, 8, false, FieldKind::CharArray),
+                f("s", "__data_loc char[]", 48, 4, false, FieldKind::DynString),
+            ])
+        }
+    }
+
+    impl FetchContext for Rec {
+        fn arg(&self, _n: usize) -> u64 {
+            0
+        }
+        fn stack_pointer(&self) -> u64 {
+            0
+        }
+        fn comm(&self) -> &[u8] {
+            b"t\0"
+        }
+        fn event_record(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    /// Numbers read from the source record take the direct path and store what the
+    /// interpreter stores (sign extension included); strings and char arrays do not.
+    #[test]
+    fn direct_field_loads_match_the_interpreter() {
+        let mut rec = vec![0u8; 64];
+        rec[8] = 0xfe;
+        rec[10..12].copy_from_slice(&(-300i16).to_le_bytes());
+        rec[12..16].copy_from_slice(&(-7i32).to_le_bytes());
+        rec[16..20].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
+        rec[24..32].copy_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+        rec[32..36].copy_from_slice(&[1, 2, 3, 4]);
+        rec[40..44].copy_from_slice(b"abc\0");
+        rec[48..52].copy_from_slice(&((3u32 << 16) | 56).to_le_bytes());
+        rec[56..59].copy_from_slice(b"xy\0");
+        let ctx = Rec(rec);
+        let cases = [
+            ("e:t/a s.e b=$b h=$h w=$w u=$u q=$q", true),
+            (
+                "e:t/b s.e b=$b:u64 h=$h:s64 w=$w:x64 u=$u:s8 arr=$arr:u32",
+                true,
+            ),
+            ("e:t/c s.e q=$q:u16 w=$w:u8", true),
+            ("e:t/d s.e n=$name", false),
+            ("e:t/e s.e s=$s", false),
+            ("e:t/f s.e q=$q s=$s:string", false),
+        ];
+        for (line, direct) in cases {
+            let d = match parse_command(line, &RecEnv) {
                 Ok(DynCommand::Create(d)) => d,
                 other => panic!("{line}: {other:?}"),
             };
