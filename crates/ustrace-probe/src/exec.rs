@@ -265,10 +265,19 @@ fn le_store(dest: &mut [u8], v: u64) {
 }
 
 fn le_load(src: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    let n = src.len().min(8);
-    b[..n].copy_from_slice(&src[..n]);
-    u64::from_le_bytes(b)
+    // The common sizes as fixed-width loads, not a memcpy call.
+    match *src {
+        [a] => u64::from(a),
+        [a, b] => u64::from(u16::from_le_bytes([a, b])),
+        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
+        [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+        _ => {
+            let mut b = [0u8; 8];
+            let n = src.len().min(8);
+            b[..n].copy_from_slice(&src[..n]);
+            u64::from_le_bytes(b)
+        }
+    }
 }
 
 /// `fmt::Write` into a byte slice, silently truncating.
