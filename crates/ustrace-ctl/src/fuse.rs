@@ -133,7 +133,6 @@ struct OpenRemote {
     client: Client,
     handle: u64,
     stream: bool,
-    nonblock: bool,
     cache: Vec<u8>,
     eof: bool,
     /// The task the connection was last told it acts for (`Client::act_for`).
@@ -333,13 +332,14 @@ fn open_flags(flags: i32) -> OpenFlags {
 fn stream_read(
     file: Arc<Mutex<OpenRemote>>,
     size: u32,
+    nonblock: bool,
     tid: u32,
     stopping: Arc<AtomicBool>,
     reply: ReplyData,
 ) {
     let mut f = lock(&file);
     let handle = f.handle;
-    let wait = if f.nonblock {
+    let wait = if nonblock {
         Duration::ZERO
     } else {
         STREAM_POLL
@@ -353,7 +353,7 @@ fn stream_read(
         match f.client.read(handle, size, Some(wait)) {
             Ok(data) => return reply.data(&data),
             Err(CtlError::Remote { errno, .. }) if errno == Errno::EAGAIN => {
-                if f.nonblock {
+                if nonblock {
                     return reply.error(fuser::Errno::EAGAIN);
                 }
                 if signal_pending(tid) {
@@ -577,7 +577,6 @@ impl Filesystem for Adapter {
                 client,
                 handle: remote.handle,
                 stream: remote.stream,
-                nonblock: flags.nonblock,
                 cache: Vec::new(),
                 eof: false,
                 acting_for: None,
@@ -605,7 +604,7 @@ impl Filesystem for Adapter {
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: fuser::OpenFlags,
+        flags: fuser::OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
@@ -613,13 +612,16 @@ impl Filesystem for Adapter {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
+        // The file's flags now, not at open: libtracefs opens `trace_pipe_raw` blocking and
+        // sets O_NONBLOCK with fcntl(F_SETFL) for its final flush, and expects EAGAIN then.
+        let nonblock = flags.0 & libc::O_NONBLOCK != 0;
         if lock(&file).stream {
             let (tid, stopping) = (req.pid(), self.stopping.clone());
             // If the thread cannot start, the closure (and the reply in it) is dropped, and
             // fuser answers a dropped reply with EIO.
             let _ = std::thread::Builder::new()
                 .name("ustrace-fuse-pipe".into())
-                .spawn(move || stream_read(file, size, tid, stopping, reply));
+                .spawn(move || stream_read(file, size, nonblock, tid, stopping, reply));
             return;
         }
         let mut f = lock(&file);
@@ -773,6 +775,10 @@ pub struct MountOptions {
     /// mounting user. There is no way to open it to everyone: any reader of `trace_pipe`
     /// consumes what the owner traces.
     pub allow_group: Option<u32>,
+    /// Mount with mount(2) even when not root: the caller made its own user and mount
+    /// namespaces (`ustrace exec`), where it may, and where the setuid `fusermount3` would
+    /// not help (a setuid binary runs as its owner only where that owner is mapped).
+    pub own_namespace: bool,
 }
 
 impl Default for MountOptions {
@@ -780,6 +786,7 @@ impl Default for MountOptions {
         MountOptions {
             fsname: "tracefs".into(),
             allow_group: None,
+            own_namespace: false,
         }
     }
 }
@@ -1106,7 +1113,7 @@ impl Mount {
             io::Error::new(e.kind(), format!("cannot mount on {}: {e}", dir.display()))
         };
         // SAFETY: geteuid has no preconditions and cannot fail.
-        let session = if unsafe { libc::geteuid() } == 0 {
+        let session = if options.own_namespace || unsafe { libc::geteuid() } == 0 {
             fuser::spawn_mount(adapter(), &dir, &config).map_err(failed)?
         } else {
             // mount(2) needs root, so a user mounts through the setuid helper, as libfuse
