@@ -211,6 +211,87 @@ fn cover_tracefs(ours: &Path, root: bool) -> Result<Vec<PathBuf>, String> {
     Ok(points)
 }
 
+/// The kernel's switches for tracers a process has not (its function tracer and stack
+/// tracer): trace-cmd record writes `ftrace_enabled` whenever it exists, and dies if the
+/// write fails, which it does for a user and in most containers.
+const KERNEL_TRACER_SWITCHES: [&str; 2] = ["ftrace_enabled", "stack_tracer_enabled"];
+
+/// Makes `/proc/sys/kernel` in this namespace show what a kernel without the function and
+/// stack tracers shows: everything but [`KERNEL_TRACER_SWITCHES`]. A tmpfs goes on top of
+/// the directory and each other entry is bound back from the real one, so reads and writes
+/// of every other sysctl reach the kernel as before. The process has no function tracer, so
+/// this is what its world looks like (trace-cmd skips a switch that does not exist).
+fn hide_kernel_tracer_switches() -> Result<(), String> {
+    let kernel = Path::new("/proc/sys/kernel");
+    if !KERNEL_TRACER_SWITCHES
+        .iter()
+        .any(|name| kernel.join(name).exists())
+    {
+        return Ok(());
+    }
+    // The real directory stays reachable at a staging point while the tmpfs covers it.
+    let stage = tempfile_dir()?;
+    bind(kernel, &stage)?;
+    let result = (|| {
+        let entries = std::fs::read_dir(&stage)
+            .map_err(|e| format!("cannot list {}: {e}", kernel.display()))?;
+        let target = cstr(kernel)?;
+        // SAFETY: NUL-terminated literals and path; tmpfs takes the mode option string.
+        let rc = unsafe {
+            libc::mount(
+                c"ustrace-sysctl".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"mode=0555".as_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(os_err("cannot cover /proc/sys/kernel"));
+        }
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if KERNEL_TRACER_SWITCHES.iter().any(|s| name == *s) {
+                continue;
+            }
+            let to = kernel.join(&name);
+            let made = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                std::fs::create_dir(&to)
+            } else {
+                std::fs::File::create(&to).map(drop)
+            };
+            made.map_err(|e| format!("cannot make {}: {e}", to.display()))?;
+            bind(&entry.path(), &to)?;
+        }
+        // Read-only from here, as the directory itself is on procfs.
+        // SAFETY: as above.
+        let rc = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT
+                    | libc::MS_RDONLY
+                    | libc::MS_NOSUID
+                    | libc::MS_NODEV
+                    | libc::MS_NOEXEC,
+                c"mode=0555".as_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(os_err(
+                "cannot make the cover of /proc/sys/kernel read-only",
+            ));
+        }
+        Ok(())
+    })();
+    let c = cstr(&stage)?;
+    // SAFETY: c is a valid NUL-terminated path.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    let _ = std::fs::remove_dir(&stage);
+    result
+}
+
 fn blocked_signals() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset initialise and fill a sigset_t we own.
     unsafe {
@@ -228,6 +309,7 @@ pub fn run(args: ExecArgs) -> Result<i32, String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     enter_namespace(root)?;
+    hide_kernel_tracer_switches()?;
     let set = blocked_signals();
     // SAFETY: blocks signals in this thread; the FUSE threads spawned below inherit the
     // mask, so none of them is ever interrupted mid-request. The child unblocks them.

@@ -1,0 +1,371 @@
+//! The real trace-cmd, run unchanged through `ustrace exec` against a process that links
+//! ustrace (the ftrace fixture, which fires `sched` events from a thread of its own).
+//!
+//! Every child runs under a deadline: a hang (as `trace-cmd extract` once hung on a
+//! blocking read that should have said EAGAIN) kills its process group and fails the test
+//! instead of stalling CI. Needs root, /dev/fuse and trace-cmd; without them each test
+//! prints `skipped: <why>` and passes.
+
+mod common;
+
+use common::DefaultSignals;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ustrace");
+const FIXTURE: &str = env!("CARGO_BIN_EXE_ustrace-ftrace-fixture");
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (ustrace exec as a user needs a /dev/fuse it may open)".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("no /dev/fuse".into());
+    }
+    let found = Command::new("trace-cmd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if found.is_err() {
+        return Some("trace-cmd is not installed (Debian package trace-cmd)".into());
+    }
+    None
+}
+
+macro_rules! skip_unless_ready {
+    () => {
+        if let Some(why) = skip_reason() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+}
+
+/// The fixture, killed when dropped.
+struct Fixture {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Fixture {
+    fn start(name: &str) -> Fixture {
+        let dir = std::env::temp_dir().join(format!(
+            "ustrace-trace-cmd-exec-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = Command::new(FIXTURE)
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .default_signals()
+            .spawn()
+            .expect("start the fixture");
+        let f = Fixture { child, dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while f.ctl(&["cat", "tracing_on"]).is_err() {
+            assert!(Instant::now() < deadline, "the fixture never served");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        f
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    /// `ustrace VERB -p PID ARGS...` over the control socket.
+    fn ctl(&self, args: &[&str]) -> Result<String, String> {
+        let mut cmd = Command::new(BIN);
+        cmd.arg(args[0]).args(["-p", &self.pid()]).args(&args[1..]);
+        let out = run(&mut cmd, Duration::from_secs(20));
+        if out.ok {
+            Ok(out.stdout)
+        } else {
+            Err(out.stderr)
+        }
+    }
+
+    /// `ustrace exec -P PID -- ARGS...`, under a deadline.
+    fn exec(&self, args: &[&str], limit: Duration) -> Output {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["exec", "-P", &self.pid(), "--"]).args(args);
+        cmd.current_dir(&self.dir);
+        let out = run(&mut cmd, limit);
+        assert!(
+            !out.timed_out,
+            "{args:?} through ustrace exec hung past {limit:?}\nstdout:\n{}\nstderr:\n{}",
+            out.stdout, out.stderr
+        );
+        out
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.dir.join(name).to_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+struct Output {
+    ok: bool,
+    timed_out: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `cmd` in a process group of its own; past `limit` the whole group is killed.
+fn run(cmd: &mut Command, limit: Duration) -> Output {
+    let out_path = std::env::temp_dir().join(format!(
+        "ustrace-trace-cmd-exec-out-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let err_path = out_path.with_extension("err");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .process_group(0)
+        .default_signals()
+        .spawn();
+    let mut child = child.expect("spawn");
+    let deadline = Instant::now() + limit;
+    let (status, timed_out) = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break (Some(status), false);
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: kill has no memory-safety preconditions; the group is the child's own.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            break (None, true);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into();
+    let out = Output {
+        ok: status.is_some_and(|s| s.success()),
+        timed_out,
+        stdout: read(&out_path),
+        stderr: read(&err_path),
+    };
+    let _ = std::fs::remove_file(&out_path);
+    let _ = std::fs::remove_file(&err_path);
+    out
+}
+
+fn trace_cmd_report(file: &str) -> String {
+    let out = run(
+        Command::new("trace-cmd").args(["report", file]),
+        Duration::from_secs(60),
+    );
+    assert!(out.ok && !out.timed_out, "trace-cmd report: {}", out.stderr);
+    out.stdout
+}
+
+fn assert_ok(what: &str, out: &Output) {
+    assert!(
+        out.ok,
+        "{what} failed\nstdout:\n{}\nstderr:\n{}",
+        out.stdout, out.stderr
+    );
+}
+
+#[test]
+fn the_process_tracefs_is_the_one_tools_find() {
+    skip_unless_ready!();
+    let f = Fixture::start("found");
+    f.ctl(&["write", "events/sched/sched_switch/enable", "1"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let out = f.exec(
+        &[
+            "sh",
+            "-c",
+            "grep ' tracefs ' /proc/mounts | head -1; grep -c . /sys/kernel/tracing/available_tracers; \
+             test -e /proc/sys/kernel/ftrace_enabled && echo switch-visible; \
+             head -c 100000 /sys/kernel/tracing/trace",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_ok("sh", &out);
+    let mut lines = out.stdout.lines();
+    let first = lines.next().unwrap_or("");
+    assert!(
+        first.split(' ').nth(1) == Some("/sys/kernel/tracing"),
+        "the first tracefs line of /proc/mounts: {first:?}"
+    );
+    // The kernel lists `function` too; the process has only `nop`.
+    assert_eq!(lines.next(), Some("1"), "{}", out.stdout);
+    assert!(
+        !out.stdout.contains("switch-visible"),
+        "the kernel's ftrace_enabled is shown"
+    );
+    assert!(
+        out.stdout.contains("fixture-work") && out.stdout.contains("sched_switch"),
+        "trace is not the process's:\n{}",
+        out.stdout
+    );
+    // Nothing is left mounted outside.
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.contains("ustrace-exec-"),
+        "a staging mount leaked:\n{mounts}"
+    );
+}
+
+#[test]
+fn trace_cmd_record_and_extract_give_files_trace_cmd_reports() {
+    skip_unless_ready!();
+    let f = Fixture::start("record");
+    let dat = f.file("record.dat");
+    let out = f.exec(
+        &[
+            "trace-cmd",
+            "record",
+            "-e",
+            "sched:sched_switch",
+            "-o",
+            &dat,
+            "sleep",
+            "1",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_ok("trace-cmd record", &out);
+    let report = trace_cmd_report(&dat);
+    let switches = report
+        .lines()
+        .filter(|l| l.contains("sched_switch:"))
+        .count();
+    assert!(
+        switches > 10 && report.contains("fixture-work"),
+        "trace-cmd report of the recording:\n{}",
+        &report[..report.len().min(4000)]
+    );
+    assert!(
+        !report.contains("sched_waking:"),
+        "an event not asked for was recorded"
+    );
+
+    // With the buffer empty, extract's final non-blocking reads must see EAGAIN and end
+    // (this is what hung: the mount blocked on them).
+    f.ctl(&["write", "events/enable", "0"]).unwrap();
+    f.ctl(&["write", "trace", ""]).unwrap();
+    let empty = f.file("empty.dat");
+    let started = Instant::now();
+    let out = f.exec(
+        &["trace-cmd", "extract", "-o", &empty],
+        Duration::from_secs(30),
+    );
+    assert_ok("trace-cmd extract (empty buffer)", &out);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "extract took {:?}",
+        started.elapsed()
+    );
+
+    // And with events written all the while, extract still ends and has them.
+    f.ctl(&["write", "events/sched/enable", "1"]).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let live = f.file("extract.dat");
+    let out = f.exec(
+        &["trace-cmd", "extract", "-o", &live],
+        Duration::from_secs(60),
+    );
+    assert_ok("trace-cmd extract", &out);
+    let report = trace_cmd_report(&live);
+    for event in ["sched_switch:", "sched_waking:", "sched_wakeup:"] {
+        assert!(
+            report.contains(event),
+            "{event} missing from the extracted file:\n{}",
+            &report[..report.len().min(4000)]
+        );
+    }
+}
+
+#[test]
+fn trace_cmd_show_stat_list_and_reset() {
+    skip_unless_ready!();
+    let f = Fixture::start("verbs");
+    f.ctl(&["write", "events/sched/sched_switch/filter", "prev_pid > 0"])
+        .unwrap();
+    f.ctl(&["write", "events/sched/sched_switch/enable", "1"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let limit = Duration::from_secs(30);
+
+    let out = f.exec(&["trace-cmd", "show"], limit);
+    assert_ok("trace-cmd show", &out);
+    assert!(
+        out.stdout.starts_with("# tracer: nop") && out.stdout.contains("fixture-work"),
+        "trace-cmd show:\n{}",
+        &out.stdout[..out.stdout.len().min(3000)]
+    );
+
+    let out = f.exec(&["trace-cmd", "stat"], limit);
+    assert_ok("trace-cmd stat", &out);
+    for want in [
+        "Individual events:",
+        "sched_switch",
+        "sched:sched_switch \"prev_pid > 0\"",
+        "Buffer size in kilobytes",
+        "Tracing is enabled",
+    ] {
+        assert!(
+            out.stdout.contains(want),
+            "trace-cmd stat lacks {want:?}:\n{}",
+            out.stdout
+        );
+    }
+
+    let out = f.exec(&["trace-cmd", "list", "-e"], limit);
+    assert_ok("trace-cmd list -e", &out);
+    let events: Vec<&str> = out.stdout.lines().collect();
+    for want in [
+        "sched:sched_switch",
+        "kmem:kfree",
+        "syscalls:sys_enter_openat",
+    ] {
+        assert!(
+            events.contains(&want),
+            "list -e lacks {want}:\n{}",
+            out.stdout
+        );
+    }
+    let out = f.exec(&["trace-cmd", "list", "-t"], limit);
+    assert_ok("trace-cmd list -t", &out);
+    assert_eq!(out.stdout.trim(), "nop");
+    let out = f.exec(&["trace-cmd", "list", "-o"], limit);
+    assert_ok("trace-cmd list -o", &out);
+    assert!(
+        out.stdout.lines().any(|l| l == "record-cmd"),
+        "{}",
+        out.stdout
+    );
+
+    let out = f.exec(&["trace-cmd", "reset"], limit);
+    assert_ok("trace-cmd reset", &out);
+    assert_eq!(
+        f.ctl(&["cat", "events/sched/sched_switch/enable"]).unwrap(),
+        "0\n"
+    );
+    assert_eq!(
+        f.ctl(&["cat", "events/sched/sched_switch/filter"]).unwrap(),
+        "none\n"
+    );
+    let out = f.exec(&["trace-cmd", "stat"], limit);
+    assert!(out.stdout.contains("All disabled"), "{}", out.stdout);
+}
