@@ -245,6 +245,12 @@ fn trace_cmd_record_and_extract_give_files_trace_cmd_reports() {
         Duration::from_secs(60),
     );
     assert_ok("trace-cmd record", &out);
+    assert!(
+        !format!("{}{}", out.stdout, out.stderr).contains("events lost"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
     let report = trace_cmd_report(&dat);
     let switches = report
         .lines()
@@ -258,6 +264,40 @@ fn trace_cmd_record_and_extract_give_files_trace_cmd_reports() {
     assert!(
         !report.contains("sched_waking:"),
         "an event not asked for was recorded"
+    );
+
+    // The recorder splices from trace_pipe_raw while the command runs: with 256 KiB a CPU
+    // and the fixture's ~0.5 MB/s of sched events a CPU, two seconds overflow the buffers
+    // unless pages leave them during the run (through FUSE a splice used to move nothing,
+    // and everything came at the final flush, the rest lost).
+    let busy = f.file("busy.dat");
+    let out = f.exec(
+        &[
+            "trace-cmd",
+            "record",
+            "-b",
+            "256",
+            "-e",
+            "sched",
+            "-o",
+            &busy,
+            "sleep",
+            "2",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_ok("trace-cmd record -b 256", &out);
+    let said = format!("{}{}", out.stdout, out.stderr);
+    assert!(!said.contains("events lost"), "{said}");
+    let report = trace_cmd_report(&busy);
+    assert!(
+        report
+            .lines()
+            .filter(|l| l.contains("sched_waking:"))
+            .count()
+            > 1000,
+        "{}",
+        &report[..report.len().min(4000)]
     );
 
     // With the buffer empty, extract's final non-blocking reads must see EAGAIN and end

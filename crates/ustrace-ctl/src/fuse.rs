@@ -51,6 +51,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// Attributes are not cached by the kernel: tracefs entries come and go (instances, events).
 const TTL: Duration = Duration::ZERO;
+/// The size shown for `trace_pipe_raw`. The kernel's FUSE splices from a file through its
+/// page cache (even a `direct_io` one), page by page with our read answering each, but never
+/// past the file's size: at tracefs's size, 0, a splice always gives nothing, and libtracefs
+/// (trace-cmd record) splices. So these files show an end nobody reaches; each open drops
+/// the pages of the last (no `FOPEN_KEEP_CACHE`), and readahead is off (`init`), so every
+/// page read is one ring-buffer page read, in order.
+const SPLICE_SIZE: u64 = i64::MAX as u64;
 /// One wait for stream data before the pending-signal check.
 const STREAM_POLL: Duration = Duration::from_millis(100);
 /// Idle connections kept for reuse.
@@ -133,6 +140,10 @@ struct OpenRemote {
     client: Client,
     handle: u64,
     stream: bool,
+    /// A `trace_pipe_raw`, which tools splice from (see `SPLICE_SIZE`).
+    raw: bool,
+    /// The last page a splice took was mostly empty (see `PARTIAL_PAUSE`).
+    partial_last: bool,
     cache: Vec<u8>,
     eof: bool,
     /// The task the connection was last told it acts for (`Client::act_for`).
@@ -223,9 +234,14 @@ impl Adapter {
             gid = c.gid.unwrap_or(gid);
         }
         let now = SystemTime::now();
+        let size = if kind == FileType::RegularFile && self.splices(ino) {
+            SPLICE_SIZE
+        } else {
+            0
+        };
         FileAttr {
             ino: INodeNo(ino),
-            size: 0,
+            size,
             blocks: 0,
             atime: now,
             mtime: now,
@@ -240,6 +256,13 @@ impl Adapter {
             blksize: 4096,
             flags: 0,
         }
+    }
+
+    /// Whether `ino` is a `trace_pipe_raw`, which tools splice from (see [`SPLICE_SIZE`]).
+    fn splices(&self, ino: u64) -> bool {
+        lock(&self.inodes)
+            .path(ino)
+            .is_some_and(|p| is_raw_pipe(&p))
     }
 
     fn entry(&self, path: &str) -> Result<FileAttr, fuser::Errno> {
@@ -327,18 +350,49 @@ fn open_flags(flags: i32) -> OpenFlags {
     }
 }
 
+/// Whether `path` is a `trace_pipe_raw` (of any CPU, of any instance).
+fn is_raw_pipe(path: &str) -> bool {
+    path == "trace_pipe_raw" || path.ends_with("/trace_pipe_raw")
+}
+
+/// Data bytes in a ring-buffer page (4096 less its 16-byte header).
+const PAGE_DATA: usize = 4080;
+/// After a splice took a page less than three quarters full, its next page waits this long:
+/// the kernel's splice of `trace_pipe_raw` moves only full pages (waking at `buffer_percent`),
+/// and without a pause a recorder would take one page per event or two, as fast as it can.
+const PARTIAL_PAUSE: Duration = Duration::from_millis(50);
+
+/// The length of the events on a ring-buffer page, from its header's commit word.
+fn page_len(page: &[u8]) -> usize {
+    page.get(8..16)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) & 0xf_ffff)
+        .unwrap_or(0) as usize
+}
+
 /// Answers one stream read, waiting in slices until data, a signal for the reader, or the
 /// mount going away.
+#[allow(clippy::too_many_arguments)]
 fn stream_read(
     file: Arc<Mutex<OpenRemote>>,
     size: u32,
     nonblock: bool,
+    splice: bool,
     tid: u32,
     stopping: Arc<AtomicBool>,
     reply: ReplyData,
 ) {
     let mut f = lock(&file);
     let handle = f.handle;
+    if splice && f.partial_last {
+        let until = Instant::now() + PARTIAL_PAUSE;
+        while Instant::now() < until && !stopping.load(Ordering::SeqCst) {
+            if signal_pending(tid) {
+                f.partial_last = false;
+                return reply.error(fuser::Errno::EINTR);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
     let wait = if nonblock {
         Duration::ZERO
     } else {
@@ -351,7 +405,12 @@ fn stream_read(
             return reply.data(&[]);
         }
         match f.client.read(handle, size, Some(wait)) {
-            Ok(data) => return reply.data(&data),
+            Ok(data) => {
+                if splice {
+                    f.partial_last = page_len(&data) < PAGE_DATA * 3 / 4;
+                }
+                return reply.data(&data);
+            }
             Err(CtlError::Remote { errno, .. }) if errno == Errno::EAGAIN => {
                 if nonblock {
                     return reply.error(fuser::Errno::EAGAIN);
@@ -375,6 +434,9 @@ impl Filesystem for Adapter {
         {
             return Err(io::Error::other("the kernel's FUSE lacks atomic O_TRUNC"));
         }
+        // Under a page: no readahead, so a splice reads only the pages it moves (every
+        // read of a stream consumes it).
+        let _ = config.set_max_readahead(1);
         Ok(())
     }
 
@@ -577,6 +639,8 @@ impl Filesystem for Adapter {
                 client,
                 handle: remote.handle,
                 stream: remote.stream,
+                raw: is_raw_pipe(&path),
+                partial_last: false,
                 cache: Vec::new(),
                 eof: false,
                 acting_for: None,
@@ -588,6 +652,12 @@ impl Filesystem for Adapter {
                 let mut fopen = FopenFlags::FOPEN_DIRECT_IO;
                 if file.stream {
                     fopen |= FopenFlags::FOPEN_NONSEEKABLE;
+                }
+                // A stream file's read(2) then arrives at offset 0, while the page reads of
+                // a splice arrive at the file position it moves (see `SPLICE_SIZE`): that is
+                // how `read` tells the two apart.
+                if file.raw {
+                    fopen |= FopenFlags::FOPEN_STREAM;
                 }
                 lock(&self.files).insert(fh, Arc::new(Mutex::new(file)));
                 reply.opened(FileHandle(fh), fopen);
@@ -617,11 +687,13 @@ impl Filesystem for Adapter {
         let nonblock = flags.0 & libc::O_NONBLOCK != 0;
         if lock(&file).stream {
             let (tid, stopping) = (req.pid(), self.stopping.clone());
+            // A splice's page read (past its first page; see `open`), blocking.
+            let splice = offset > 0 && !nonblock && lock(&file).raw;
             // If the thread cannot start, the closure (and the reply in it) is dropped, and
             // fuser answers a dropped reply with EIO.
             let _ = std::thread::Builder::new()
                 .name("ustrace-fuse-pipe".into())
-                .spawn(move || stream_read(file, size, nonblock, tid, stopping, reply));
+                .spawn(move || stream_read(file, size, nonblock, splice, tid, stopping, reply));
             return;
         }
         let mut f = lock(&file);
