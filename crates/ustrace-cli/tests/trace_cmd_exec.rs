@@ -196,6 +196,7 @@ fn the_process_tracefs_is_the_one_tools_find() {
             "-c",
             "grep ' tracefs ' /proc/mounts | head -1; grep -c . /sys/kernel/tracing/available_tracers; \
              test -e /proc/sys/kernel/ftrace_enabled && echo switch-visible; \
+             test -r /sys/kernel/tracing/printk_formats || echo no-printk-formats; \
              head -c 100000 /sys/kernel/tracing/trace",
         ],
         Duration::from_secs(30),
@@ -213,6 +214,8 @@ fn the_process_tracefs_is_the_one_tools_find() {
         !out.stdout.contains("switch-visible"),
         "the kernel's ftrace_enabled is shown"
     );
+    // trace-cmd record saves it; the kernel always has it.
+    assert!(!out.stdout.contains("no-printk-formats"), "{}", out.stdout);
     assert!(
         out.stdout.contains("fixture-work") && out.stdout.contains("sched_switch"),
         "trace is not the process's:\n{}",
