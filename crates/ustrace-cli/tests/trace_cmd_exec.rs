@@ -53,13 +53,24 @@ struct Fixture {
 
 impl Fixture {
     fn start(name: &str) -> Fixture {
+        Fixture::start_as(name, None)
+    }
+
+    /// The fixture, run as `uid` (and gid the same) when given.
+    fn start_as(name: &str, uid: Option<u32>) -> Fixture {
+        use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!(
             "ustrace-trace-cmd-exec-{name}-{}",
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new(FIXTURE)
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let mut cmd = Command::new(FIXTURE);
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        let child = cmd
             .current_dir(&dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -411,4 +422,94 @@ fn trace_cmd_show_stat_list_and_reset() {
     );
     let out = f.exec(&["trace-cmd", "stat"], limit);
     assert!(out.stdout.contains("All disabled"), "{}", out.stdout);
+}
+
+/// The user's way in: `ustrace exec` run as `nobody` makes a user namespace and mounts FUSE
+/// there itself. Most systems let users open /dev/fuse (0666); where it is root's only, as in
+/// many containers, the test gives the user a 0666 node of the same device on /dev/fuse in a
+/// mount namespace of its own (as root, before dropping to `nobody`).
+#[test]
+fn a_user_runs_trace_cmd_through_a_user_namespace() {
+    skip_unless_ready!();
+    const NOBODY: u32 = 65534;
+    let f = Fixture::start_as("user", Some(NOBODY));
+    let node = std::ffi::CString::new(f.file("fuse")).unwrap();
+    let dat = f.file("user.dat");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["exec", "-P", &f.pid(), "--"])
+        .args([
+            "trace-cmd",
+            "record",
+            "-e",
+            "sched:sched_switch",
+            "-o",
+            &dat,
+        ])
+        .args(["sleep", "1"])
+        .current_dir(&f.dir);
+    // SAFETY: runs in the forked child before exec and makes only async-signal-safe system
+    // calls on memory prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let check = |rc: libc::c_int| {
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            };
+            check(libc::unshare(libc::CLONE_NEWNS))?;
+            check(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            check(libc::mknod(
+                node.as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(10, 229),
+            ))?;
+            check(libc::chmod(node.as_ptr(), 0o666))?;
+            check(libc::mount(
+                node.as_ptr(),
+                c"/dev/fuse".as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ))?;
+            check(libc::setgroups(0, std::ptr::null()))?;
+            check(libc::setgid(NOBODY))?;
+            check(libc::setuid(NOBODY))?;
+            Ok(())
+        });
+    }
+    let out = run(&mut cmd, Duration::from_secs(60));
+    assert!(!out.timed_out, "hung:\n{}{}", out.stdout, out.stderr);
+    if !out.ok && out.stderr.contains("user namespace") {
+        eprintln!(
+            "skipped: no unprivileged user namespaces here: {}",
+            out.stderr
+        );
+        return;
+    }
+    if !out.ok && out.stderr.contains("/dev/fuse") {
+        eprintln!(
+            "skipped: no /dev/fuse the user may open here: {}",
+            out.stderr
+        );
+        return;
+    }
+    assert_ok("trace-cmd record as nobody", &out);
+    let report = trace_cmd_report(&dat);
+    assert!(
+        report
+            .lines()
+            .filter(|l| l.contains("sched_switch:"))
+            .count()
+            > 10,
+        "{}",
+        &report[..report.len().min(4000)]
+    );
 }
