@@ -513,3 +513,122 @@ fn a_user_runs_trace_cmd_through_a_user_namespace() {
         &report[..report.len().min(4000)]
     );
 }
+
+/// What libtracefs does with `trace_pipe_raw`, on a plain `ustrace mount`, syscall by
+/// syscall: splice pages out while events are written, `ioctl(fd, 0)` (wake the readers),
+/// then `O_NONBLOCK` by `fcntl` and read to `EAGAIN`.
+#[test]
+fn trace_pipe_raw_splices_wakes_and_turns_non_blocking() {
+    use std::os::fd::AsRawFd;
+    skip_unless_ready!();
+    let f = Fixture::start("raw");
+    // The syscalls below run in this process: a read that blocks where it should say
+    // EAGAIN (the bug this guards) would hang the test, so a watchdog ends it instead.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watched = done.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(90));
+        if !watched.load(std::sync::atomic::Ordering::SeqCst) {
+            eprintln!("trace_pipe_raw_splices_wakes_and_turns_non_blocking hung for 90 s");
+            std::process::abort();
+        }
+    });
+    let dir = f.dir.join("mnt");
+    let mut mount = Command::new(BIN)
+        .args(["mount", "-p", &f.pid()])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .default_signals()
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dir.join("per_cpu").exists() {
+        assert!(Instant::now() < deadline, "the mount never came");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(dir.join("events/sched/enable"), "1").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // A CPU the fixture's thread ran on.
+    let cpu = (0..num_cpus_online())
+        .find(|cpu| {
+            let stats = std::fs::read_to_string(dir.join(format!("per_cpu/cpu{cpu}/stats")));
+            !stats.unwrap_or_default().contains("entries: 0\n")
+        })
+        .expect("no CPU has events");
+    let path = dir.join(format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
+    // Blocking, as libtracefs opens it: the CPU has events nobody else consumes, so the
+    // splice has a page to move at once.
+    let raw = std::fs::File::open(&path).unwrap();
+    let fd = raw.as_raw_fd();
+    let mut pipe = [0i32; 2];
+    // SAFETY: pipe points at two writable ints.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    let mut spliced = 0isize;
+    let until = Instant::now() + Duration::from_secs(20);
+    while spliced == 0 && Instant::now() < until {
+        // SAFETY: both fds are open; null offsets use the files' positions.
+        let n = unsafe {
+            libc::splice(
+                fd,
+                std::ptr::null_mut(),
+                pipe[1],
+                std::ptr::null_mut(),
+                4096,
+                libc::SPLICE_F_NONBLOCK,
+            )
+        };
+        let e = std::io::Error::last_os_error();
+        assert!(
+            n >= 0 || e.raw_os_error() == Some(libc::EAGAIN),
+            "splice: {e}"
+        );
+        spliced = n.max(0);
+        if n <= 0 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    assert_eq!(spliced, 4096, "a splice moves a whole ring-buffer page");
+    // SAFETY: fd is open; request 0 takes no argument.
+    let woke = unsafe { libc::ioctl(fd, 0) };
+    assert_eq!(woke, 0, "ioctl(fd, 0) wakes, as the kernel's");
+    // SAFETY: as above (TCGETS, refused as by tracefs, before it would write anything).
+    let other = unsafe { libc::ioctl(fd, 0x5401) };
+    assert_eq!(other, -1);
+    std::fs::write(dir.join("events/sched/enable"), "0").unwrap();
+    // SAFETY: fd is open; F_GETFL/F_SETFL take and give flag words.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK), 0);
+    }
+    let mut page = vec![0u8; 4096];
+    let started = Instant::now();
+    let last = loop {
+        // SAFETY: page is writable for its length.
+        let n = unsafe { libc::read(fd, page.as_mut_ptr().cast(), page.len()) };
+        if n <= 0 || started.elapsed() > Duration::from_secs(20) {
+            break (n, std::io::Error::last_os_error().raw_os_error());
+        }
+    };
+    assert_eq!(
+        last,
+        (-1, Some(libc::EAGAIN)),
+        "read after O_NONBLOCK by fcntl"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the pipe's fds are ours.
+    unsafe {
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
+    drop(raw);
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(mount.id() as i32, libc::SIGINT) };
+    let _ = mount.wait();
+}
+
+fn num_cpus_online() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
+}

@@ -37,8 +37,9 @@ use crate::client::{Client, CtlError};
 use crate::vfs::{DirEntry, Errno, FileKind, OpenFlags, Stat};
 use fuser::{
     Config, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr, Request, SessionACL, WriteFlags,
+    IoctlFlags, KernelConfig, LockOwner, MountOption, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyWrite, ReplyXattr, Request,
+    SessionACL, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
@@ -789,6 +790,29 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         reply.ok();
+    }
+
+    /// `ioctl(fd, 0)` on `trace_pipe_raw` is the kernel's "wake the blocked readers", which
+    /// libtracefs calls when it stops a recorder; it succeeds there, and here, where a
+    /// blocked read looks for a pending signal every `STREAM_POLL` anyway. Everything else
+    /// is refused as tracefs refuses it (`ENOTTY`; no ring-buffer mmap here).
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        match self.file(fh) {
+            Ok(file) if cmd == 0 && lock(&file).raw => reply.ioctl(0, &[]),
+            Ok(_) => reply.error(fuser::Errno::from_i32(libc::ENOTTY)),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
