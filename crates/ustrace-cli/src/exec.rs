@@ -382,9 +382,21 @@ fn run_child(command: &[OsString], set: &libc::sigset_t) -> Result<i32, String> 
             Ok(())
         });
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", Path::new(&command[0]).display()))?;
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            // As a shell answers: 127 for a command not found, 126 for one it cannot run.
+            eprintln!(
+                "ustrace: cannot run {}: {e}",
+                Path::new(&command[0]).display()
+            );
+            return Ok(if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
+        }
+    };
     let pid = child.id() as libc::pid_t;
     let tick = libc::timespec {
         tv_sec: 0,

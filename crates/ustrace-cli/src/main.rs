@@ -115,7 +115,7 @@ enum Command {
     /// (/sys/kernel/tracing, and the tracefs of /proc/mounts): trace-cmd works unchanged.
     #[command(after_help = "Examples:\n  \
                             ustrace exec -P 1234 -- trace-cmd record -e kv sleep 1\n  \
-                            ustrace exec -P 1234 -- trace-cmd report\n  \
+                            ustrace exec -P 1234 -- trace-cmd extract   (then: trace-cmd report)\n  \
                             ustrace exec -P 1234 -- trace-cmd show\n  \
                             ustrace exec -P 1234 -- sh      (cat /sys/kernel/tracing/trace)\n\
                             Root unshares a mount namespace; a user also a user namespace, and \

@@ -131,6 +131,7 @@ impl Drop for Fixture {
 
 struct Output {
     ok: bool,
+    code: Option<i32>,
     timed_out: bool,
     stdout: String,
     stderr: String,
@@ -168,6 +169,7 @@ fn run(cmd: &mut Command, limit: Duration) -> Output {
     let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into();
     let out = Output {
         ok: status.is_some_and(|s| s.success()),
+        code: status.and_then(|s| s.code()),
         timed_out,
         stdout: read(&out_path),
         stderr: read(&err_path),
@@ -232,6 +234,11 @@ fn the_process_tracefs_is_the_one_tools_find() {
         "trace is not the process's:\n{}",
         out.stdout
     );
+    // The command's status is ustrace exec's, as a shell gives it.
+    let out = f.exec(&["sh", "-c", "exit 7"], Duration::from_secs(30));
+    assert_eq!(out.code, Some(7));
+    let out = f.exec(&["/no/such/command"], Duration::from_secs(30));
+    assert_eq!(out.code, Some(127), "{}", out.stderr);
     // Nothing is left mounted outside.
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
     assert!(
