@@ -21,8 +21,13 @@
 //!   `/proc/<tid>/status`), and answers `EINTR` so Ctrl-C ends a blocked `cat`. fuser answers
 //!   FUSE_INTERRUPT with ENOSYS, after which the kernel waits for our answer; this check is
 //!   what lets the answer come;
-//! - the mount's source (fsname) is `tracefs`, which is what tools scanning /proc/mounts
-//!   look for;
+//! - a read takes the file's flags of the moment (libtracefs sets `O_NONBLOCK` with `fcntl`
+//!   after the open and reads `trace_pipe_raw` to `EAGAIN`);
+//! - `trace_pipe_raw` can be spliced from (trace-cmd record does): the kernel's FUSE splices
+//!   through the page cache, so it shows a size nobody reaches (`SPLICE_SIZE`), and answers
+//!   `ioctl(fd, 0)`, the kernel's wake-up, with success;
+//! - the mount's source (fsname) is `tracefs`; tools find tracefs by the type, though, which
+//!   `ustrace exec` provides (a private namespace where the mount covers the kernel's);
 //! - the kernel enforces the modes shown (`default_permissions`): the tracefs's own, owned by
 //!   the mounting user, or with [`MountOptions::allow_group`] owned by that group with no
 //!   bits for others; `chmod`/`chown` are kept per inode, and the operations tracefs lacks
