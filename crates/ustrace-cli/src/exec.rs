@@ -231,8 +231,8 @@ fn hide_kernel_tracer_switches() -> Result<(), String> {
     }
     // The real directory stays reachable at a staging point while the tmpfs covers it.
     let stage = tempfile_dir()?;
-    bind(kernel, &stage)?;
     let result = (|| {
+        bind(kernel, &stage)?;
         let entries = std::fs::read_dir(&stage)
             .map_err(|e| format!("cannot list {}: {e}", kernel.display()))?;
         let target = cstr(kernel)?;
@@ -249,23 +249,33 @@ fn hide_kernel_tracer_switches() -> Result<(), String> {
         if rc != 0 {
             return Err(os_err("cannot cover /proc/sys/kernel"));
         }
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            if KERNEL_TRACER_SWITCHES.iter().any(|s| name == *s) {
-                continue;
+        let bound = (|| {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                if KERNEL_TRACER_SWITCHES.iter().any(|s| name == *s) {
+                    continue;
+                }
+                let to = kernel.join(&name);
+                let made = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    std::fs::create_dir(&to)
+                } else {
+                    std::fs::File::create(&to).map(drop)
+                };
+                made.map_err(|e| format!("cannot make {}: {e}", to.display()))?;
+                bind(&entry.path(), &to)?;
             }
-            let to = kernel.join(&name);
-            let made = if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                std::fs::create_dir(&to)
-            } else {
-                std::fs::File::create(&to).map(drop)
-            };
-            made.map_err(|e| format!("cannot make {}: {e}", to.display()))?;
-            bind(&entry.path(), &to)?;
+            Ok(())
+        })();
+        if let Err(e) = bound {
+            // Half a /proc/sys/kernel is worse than the whole: take the cover off again.
+            // SAFETY: target is a valid NUL-terminated path.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+            return Err(e);
         }
-        // Read-only from here, as the directory itself is on procfs.
+        // Read-only from here, as the directory itself is on procfs (cosmetic: a failure
+        // leaves it writable by root only, mode 0555).
         // SAFETY: as above.
-        let rc = unsafe {
+        unsafe {
             libc::mount(
                 std::ptr::null(),
                 target.as_ptr(),
@@ -278,11 +288,6 @@ fn hide_kernel_tracer_switches() -> Result<(), String> {
                 c"mode=0555".as_ptr().cast(),
             )
         };
-        if rc != 0 {
-            return Err(os_err(
-                "cannot make the cover of /proc/sys/kernel read-only",
-            ));
-        }
         Ok(())
     })();
     let c = cstr(&stage)?;
@@ -309,7 +314,12 @@ pub fn run(args: ExecArgs) -> Result<i32, String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     enter_namespace(root)?;
-    hide_kernel_tracer_switches()?;
+    if let Err(e) = hide_kernel_tracer_switches() {
+        eprintln!(
+            "ustrace: {e}; /proc/sys/kernel/ftrace_enabled stays visible, and trace-cmd \
+             record stops where it may not write it"
+        );
+    }
     let set = blocked_signals();
     // SAFETY: blocks signals in this thread; the FUSE threads spawned below inherit the
     // mask, so none of them is ever interrupted mid-request. The child unblocks them.
