@@ -28,6 +28,7 @@ mod bench_measure;
 mod bench_peers;
 mod bench_scale;
 mod demo;
+mod exec;
 mod hist;
 mod mount;
 mod remote;
@@ -110,6 +111,16 @@ enum Command {
                             fusermount3 (package fuse3). A mount left by a killed \
                             `ustrace mount` is cleaned up by the next one on the same directory.")]
     Mount(mount::MountArgs),
+    /// Run a command in a mount namespace where a process's tracefs is the tracefs
+    /// (/sys/kernel/tracing, and the tracefs of /proc/mounts): trace-cmd works unchanged.
+    #[command(after_help = "Examples:\n  \
+                            ustrace exec -P 1234 -- trace-cmd record -e kv sleep 1\n  \
+                            ustrace exec -P 1234 -- trace-cmd extract   (then: trace-cmd report)\n  \
+                            ustrace exec -P 1234 -- trace-cmd show\n  \
+                            ustrace exec -P 1234 -- sh      (cat /sys/kernel/tracing/trace)\n\
+                            Root unshares a mount namespace; a user also a user namespace, and \
+                            needs a /dev/fuse they may open. Exits with the command's status.")]
+    Exec(exec::ExecArgs),
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     #[command(after_help = "Examples:\n  \
                             ustrace completions bash > /etc/bash_completion.d/ustrace\n  \
@@ -215,6 +226,10 @@ fn main() -> ExitCode {
         Command::Pipe(args) => remote::pipe(args),
         Command::Hist(args) => hist::run(args),
         Command::Mount(args) => mount::run(args),
+        Command::Exec(args) => match exec::run(args) {
+            Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),
+            Err(e) => Err(e),
+        },
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "ustrace", &mut out);

@@ -21,8 +21,13 @@
 //!   `/proc/<tid>/status`), and answers `EINTR` so Ctrl-C ends a blocked `cat`. fuser answers
 //!   FUSE_INTERRUPT with ENOSYS, after which the kernel waits for our answer; this check is
 //!   what lets the answer come;
-//! - the mount's source (fsname) is `tracefs`, which is what tools scanning /proc/mounts
-//!   look for;
+//! - a read takes the file's flags of the moment (libtracefs sets `O_NONBLOCK` with `fcntl`
+//!   after the open and reads `trace_pipe_raw` to `EAGAIN`);
+//! - `trace_pipe_raw` can be spliced from (trace-cmd record does): the kernel's FUSE splices
+//!   through the page cache, so it shows a size nobody reaches (`SPLICE_SIZE`), and answers
+//!   `ioctl(fd, 0)`, the kernel's wake-up, with success;
+//! - the mount's source (fsname) is `tracefs`; tools find tracefs by the type, though, which
+//!   `ustrace exec` provides (a private namespace where the mount covers the kernel's);
 //! - the kernel enforces the modes shown (`default_permissions`): the tracefs's own, owned by
 //!   the mounting user, or with [`MountOptions::allow_group`] owned by that group with no
 //!   bits for others; `chmod`/`chown` are kept per inode, and the operations tracefs lacks
@@ -37,8 +42,9 @@ use crate::client::{Client, CtlError};
 use crate::vfs::{DirEntry, Errno, FileKind, OpenFlags, Stat};
 use fuser::{
     Config, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr, Request, SessionACL, WriteFlags,
+    IoctlFlags, KernelConfig, LockOwner, MountOption, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyWrite, ReplyXattr, Request,
+    SessionACL, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
@@ -51,6 +57,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// Attributes are not cached by the kernel: tracefs entries come and go (instances, events).
 const TTL: Duration = Duration::ZERO;
+/// The size shown for `trace_pipe_raw`. The kernel's FUSE splices from a file through its
+/// page cache (even a `direct_io` one), page by page with our read answering each, but never
+/// past the file's size: at tracefs's size, 0, a splice always gives nothing, and libtracefs
+/// (trace-cmd record) splices. So these files show an end nobody reaches; each open drops
+/// the pages of the last (no `FOPEN_KEEP_CACHE`), and readahead is off (`init`), so every
+/// page read is one ring-buffer page read, in order.
+const SPLICE_SIZE: u64 = i64::MAX as u64;
 /// One wait for stream data before the pending-signal check.
 const STREAM_POLL: Duration = Duration::from_millis(100);
 /// Idle connections kept for reuse.
@@ -133,7 +146,10 @@ struct OpenRemote {
     client: Client,
     handle: u64,
     stream: bool,
-    nonblock: bool,
+    /// A `trace_pipe_raw`, which tools splice from (see `SPLICE_SIZE`).
+    raw: bool,
+    /// The last page a splice took was mostly empty (see `PARTIAL_PAUSE`).
+    partial_last: bool,
     cache: Vec<u8>,
     eof: bool,
     /// The task the connection was last told it acts for (`Client::act_for`).
@@ -224,9 +240,14 @@ impl Adapter {
             gid = c.gid.unwrap_or(gid);
         }
         let now = SystemTime::now();
+        let size = if kind == FileType::RegularFile && self.splices(ino) {
+            SPLICE_SIZE
+        } else {
+            0
+        };
         FileAttr {
             ino: INodeNo(ino),
-            size: 0,
+            size,
             blocks: 0,
             atime: now,
             mtime: now,
@@ -241,6 +262,13 @@ impl Adapter {
             blksize: 4096,
             flags: 0,
         }
+    }
+
+    /// Whether `ino` is a `trace_pipe_raw`, which tools splice from (see [`SPLICE_SIZE`]).
+    fn splices(&self, ino: u64) -> bool {
+        lock(&self.inodes)
+            .path(ino)
+            .is_some_and(|p| is_raw_pipe(&p))
     }
 
     fn entry(&self, path: &str) -> Result<FileAttr, fuser::Errno> {
@@ -328,18 +356,50 @@ fn open_flags(flags: i32) -> OpenFlags {
     }
 }
 
+/// Whether `path` is a `trace_pipe_raw` (of any CPU, of any instance).
+fn is_raw_pipe(path: &str) -> bool {
+    path == "trace_pipe_raw" || path.ends_with("/trace_pipe_raw")
+}
+
+/// Data bytes in a ring-buffer page (4096 less its 16-byte header).
+const PAGE_DATA: usize = 4080;
+/// After a splice took a page less than three quarters full, its next page waits this long:
+/// the kernel's splice of `trace_pipe_raw` moves only full pages (waking at `buffer_percent`),
+/// and without a pause a recorder would take one page per event or two, as fast as it can.
+const PARTIAL_PAUSE: Duration = Duration::from_millis(50);
+
+/// The length of the events on a ring-buffer page, from its header's commit word.
+fn page_len(page: &[u8]) -> usize {
+    page.get(8..16)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) & 0xf_ffff)
+        .unwrap_or(0) as usize
+}
+
 /// Answers one stream read, waiting in slices until data, a signal for the reader, or the
 /// mount going away.
+#[allow(clippy::too_many_arguments)]
 fn stream_read(
     file: Arc<Mutex<OpenRemote>>,
     size: u32,
+    nonblock: bool,
+    splice: bool,
     tid: u32,
     stopping: Arc<AtomicBool>,
     reply: ReplyData,
 ) {
     let mut f = lock(&file);
     let handle = f.handle;
-    let wait = if f.nonblock {
+    if splice && f.partial_last {
+        let until = Instant::now() + PARTIAL_PAUSE;
+        while Instant::now() < until && !stopping.load(Ordering::SeqCst) {
+            if signal_pending(tid) {
+                f.partial_last = false;
+                return reply.error(fuser::Errno::EINTR);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let wait = if nonblock {
         Duration::ZERO
     } else {
         STREAM_POLL
@@ -351,9 +411,14 @@ fn stream_read(
             return reply.data(&[]);
         }
         match f.client.read(handle, size, Some(wait)) {
-            Ok(data) => return reply.data(&data),
+            Ok(data) => {
+                if splice {
+                    f.partial_last = page_len(&data) < PAGE_DATA * 3 / 4;
+                }
+                return reply.data(&data);
+            }
             Err(CtlError::Remote { errno, .. }) if errno == Errno::EAGAIN => {
-                if f.nonblock {
+                if nonblock {
                     return reply.error(fuser::Errno::EAGAIN);
                 }
                 if signal_pending(tid) {
@@ -375,6 +440,9 @@ impl Filesystem for Adapter {
         {
             return Err(io::Error::other("the kernel's FUSE lacks atomic O_TRUNC"));
         }
+        // Under a page: no readahead, so a splice reads only the pages it moves (every
+        // read of a stream consumes it).
+        let _ = config.set_max_readahead(1);
         Ok(())
     }
 
@@ -577,7 +645,8 @@ impl Filesystem for Adapter {
                 client,
                 handle: remote.handle,
                 stream: remote.stream,
-                nonblock: flags.nonblock,
+                raw: is_raw_pipe(&path),
+                partial_last: false,
                 cache: Vec::new(),
                 eof: false,
                 acting_for: None,
@@ -589,6 +658,12 @@ impl Filesystem for Adapter {
                 let mut fopen = FopenFlags::FOPEN_DIRECT_IO;
                 if file.stream {
                     fopen |= FopenFlags::FOPEN_NONSEEKABLE;
+                }
+                // A stream file's read(2) then arrives at offset 0, while the page reads of
+                // a splice arrive at the file position it moves (see `SPLICE_SIZE`): that is
+                // how `read` tells the two apart.
+                if file.raw {
+                    fopen |= FopenFlags::FOPEN_STREAM;
                 }
                 lock(&self.files).insert(fh, Arc::new(Mutex::new(file)));
                 reply.opened(FileHandle(fh), fopen);
@@ -605,7 +680,7 @@ impl Filesystem for Adapter {
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: fuser::OpenFlags,
+        flags: fuser::OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
@@ -613,13 +688,18 @@ impl Filesystem for Adapter {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
+        // The file's flags now, not at open: libtracefs opens `trace_pipe_raw` blocking and
+        // sets O_NONBLOCK with fcntl(F_SETFL) for its final flush, and expects EAGAIN then.
+        let nonblock = flags.0 & libc::O_NONBLOCK != 0;
         if lock(&file).stream {
             let (tid, stopping) = (req.pid(), self.stopping.clone());
+            // A splice's page read (past its first page; see `open`), blocking.
+            let splice = offset > 0 && !nonblock && lock(&file).raw;
             // If the thread cannot start, the closure (and the reply in it) is dropped, and
             // fuser answers a dropped reply with EIO.
             let _ = std::thread::Builder::new()
                 .name("ustrace-fuse-pipe".into())
-                .spawn(move || stream_read(file, size, tid, stopping, reply));
+                .spawn(move || stream_read(file, size, nonblock, splice, tid, stopping, reply));
             return;
         }
         let mut f = lock(&file);
@@ -717,6 +797,29 @@ impl Filesystem for Adapter {
         reply.ok();
     }
 
+    /// `ioctl(fd, 0)` on `trace_pipe_raw` is the kernel's "wake the blocked readers", which
+    /// libtracefs calls when it stops a recorder; it succeeds there, and here, where a
+    /// blocked read looks for a pending signal every `STREAM_POLL` anyway. Everything else
+    /// is refused as tracefs refuses it (`ENOTTY`; no ring-buffer mmap here).
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        match self.file(fh) {
+            Ok(file) if cmd == 0 && lock(&file).raw => reply.ioctl(0, &[]),
+            Ok(_) => reply.error(fuser::Errno::from_i32(libc::ENOTTY)),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
         // One listing per opendir: `ls` pages through it in several readdir calls, and every
         // page must come from the same snapshot, as on the kernel's tracefs.
@@ -773,6 +876,10 @@ pub struct MountOptions {
     /// mounting user. There is no way to open it to everyone: any reader of `trace_pipe`
     /// consumes what the owner traces.
     pub allow_group: Option<u32>,
+    /// Mount with mount(2) even when not root: the caller made its own user and mount
+    /// namespaces (`ustrace exec`), where it may, and where the setuid `fusermount3` would
+    /// not help (a setuid binary runs as its owner only where that owner is mapped).
+    pub own_namespace: bool,
 }
 
 impl Default for MountOptions {
@@ -780,6 +887,7 @@ impl Default for MountOptions {
         MountOptions {
             fsname: "tracefs".into(),
             allow_group: None,
+            own_namespace: false,
         }
     }
 }
@@ -1106,7 +1214,7 @@ impl Mount {
             io::Error::new(e.kind(), format!("cannot mount on {}: {e}", dir.display()))
         };
         // SAFETY: geteuid has no preconditions and cannot fail.
-        let session = if unsafe { libc::geteuid() } == 0 {
+        let session = if options.own_namespace || unsafe { libc::geteuid() } == 0 {
             fuser::spawn_mount(adapter(), &dir, &config).map_err(failed)?
         } else {
             // mount(2) needs root, so a user mounts through the setuid helper, as libfuse

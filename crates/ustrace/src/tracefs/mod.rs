@@ -70,6 +70,7 @@ const TOP_FILES: &[(&str, u32)] = &[
     ("available_filter_functions", 0o440),
     ("dynamic_events", 0o640),
     ("enabled_functions", 0o440),
+    ("printk_formats", 0o440),
     ("saved_cmdlines", 0o440),
     ("saved_cmdlines_size", 0o640),
     ("saved_tgids", 0o440),
@@ -585,6 +586,9 @@ fn open_instance_file(
         ),
         "saved_cmdlines" => text(crate::thread::saved_cmdlines()),
         "saved_tgids" => text(crate::options::saved_tgids()),
+        // The kernel lists the formats `bprint` records point at (trace_printk); ustrace has
+        // no `bprint`, so none. trace-cmd record saves this file into trace.dat.
+        "printk_formats" => text(""),
         "saved_cmdlines_size" => rw(
             format!("{}\n", crate::thread::saved_cmdlines_size()),
             Box::new(|data| {
