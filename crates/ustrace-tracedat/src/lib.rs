@@ -18,10 +18,12 @@ pub mod format;
 pub mod meta;
 pub mod page;
 pub mod read;
+pub mod text;
 pub mod write;
 
 pub use format::{EventFormat, Field, FieldType};
 pub use meta::TraceMeta;
 pub use page::{decode_page, DecodedPage, PageLayout, PageRecord};
 pub use read::{field_value, Event, Reader, Value};
+pub use text::Printer;
 pub use write::{WriteSummary, Writer};

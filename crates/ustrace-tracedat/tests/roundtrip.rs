@@ -88,15 +88,4 @@ fn events_written_come_back() {
     assert!(evs.windows(2).all(|w| w[0].ts <= w[1].ts));
     let print = evs.iter().find(|e| e.name == "print").unwrap();
     assert_eq!(print.fields[1].1, Value::Str("hello marker\n".into()));
-    let out = std::process::Command::new("trace-cmd")
-        .arg("report")
-        .arg(&path)
-        .output();
-    if let Ok(out) = out {
-        eprintln!(
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
 }
