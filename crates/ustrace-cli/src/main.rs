@@ -28,6 +28,8 @@ mod bench_measure;
 mod bench_peers;
 mod bench_scale;
 mod demo;
+mod export;
+mod flamegraph;
 mod hist;
 mod mount;
 mod remote;
@@ -110,6 +112,19 @@ enum Command {
                             fusermount3 (package fuse3). A mount left by a killed \
                             `ustrace mount` is cleaned up by the next one on the same directory.")]
     Mount(mount::MountArgs),
+    /// Convert a trace.dat for other viewers: Perfetto, Chrome JSON, folded stacks.
+    #[command(after_help = "Examples:\n  \
+                            ustrace export --perfetto trace.pftrace     (open in ui.perfetto.dev)\n  \
+                            ustrace export --chrome trace.json --counter kv:get:latency_ns\n  \
+                            ustrace export --folded stacks.folded saved.dat\n\
+                            Fprobe entry/exit pairs become slices; every other event an instant \
+                            on its thread's track, its fields as args.")]
+    Export(export::ExportArgs),
+    /// Draw a flame graph (SVG) of a trace.dat's stack events, or of folded stacks.
+    #[command(after_help = "Examples:\n  \
+                            ustrace flamegraph -o stacks.svg trace.dat\n  \
+                            ustrace flamegraph -o stacks.svg stacks.folded")]
+    Flamegraph(flamegraph::FlamegraphArgs),
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     #[command(after_help = "Examples:\n  \
                             ustrace completions bash > /etc/bash_completion.d/ustrace\n  \
@@ -215,6 +230,8 @@ fn main() -> ExitCode {
         Command::Pipe(args) => remote::pipe(args),
         Command::Hist(args) => hist::run(args),
         Command::Mount(args) => mount::run(args),
+        Command::Export(args) => export::run(args),
+        Command::Flamegraph(args) => flamegraph::run(args),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "ustrace", &mut out);

@@ -1,0 +1,241 @@
+//! `ustrace export --perfetto`: a Perfetto trace (a `Trace` message: length-delimited
+//! `TracePacket`s) of TrackEvents, as ui.perfetto.dev and its trace processor read it.
+//!
+//! One packet sequence holds everything. Descriptor packets come first: a process track
+//! per thread group, a thread track per thread under it (names from the trace's
+//! saved_cmdlines), and a counter track per asked-for field and process. Then one packet
+//! per event in timestamp order: an instant on its thread's track, or a slice begin/end for
+//! fprobe entry/exit pairs (see [`super::timeline`]), with the event's fields as debug
+//! annotations, followed by a counter packet per counter the event feeds. Field numbers are
+//! those of Perfetto's protos/perfetto/trace/{trace_packet,track_event/*}.proto.
+
+use super::protobuf::Msg;
+use super::timeline::{Mark, Num, Scan, Step, Timeline};
+use super::Events;
+use std::io::{self, Write};
+use ustrace_tracedat::{Event, Value};
+
+// TracePacket
+const PACKET_TIMESTAMP: u32 = 8;
+const PACKET_SEQUENCE_ID: u32 = 10;
+const PACKET_TRACK_EVENT: u32 = 11;
+const PACKET_SEQUENCE_FLAGS: u32 = 13;
+const PACKET_TRACK_DESCRIPTOR: u32 = 60;
+/// `TracePacket.SequenceFlags.SEQ_INCREMENTAL_STATE_CLEARED`: nothing came before on this
+/// sequence (we intern nothing, but the trace processor trusts a sequence that says so).
+const SEQ_INCREMENTAL_STATE_CLEARED: u64 = 1;
+// TrackDescriptor
+const TRACK_UUID: u32 = 1;
+const TRACK_NAME: u32 = 2;
+const TRACK_PROCESS: u32 = 3;
+const TRACK_THREAD: u32 = 4;
+const TRACK_PARENT_UUID: u32 = 5;
+const TRACK_COUNTER: u32 = 8;
+// ProcessDescriptor / ThreadDescriptor
+const PROCESS_PID: u32 = 1;
+const PROCESS_NAME: u32 = 6;
+const THREAD_PID: u32 = 1;
+const THREAD_TID: u32 = 2;
+const THREAD_NAME: u32 = 5;
+// TrackEvent
+const EVENT_ANNOTATIONS: u32 = 4;
+const EVENT_TYPE: u32 = 9;
+const EVENT_TRACK_UUID: u32 = 11;
+const EVENT_CATEGORIES: u32 = 22;
+const EVENT_NAME: u32 = 23;
+const EVENT_COUNTER_VALUE: u32 = 30;
+const EVENT_DOUBLE_COUNTER_VALUE: u32 = 44;
+const TYPE_SLICE_BEGIN: u64 = 1;
+const TYPE_SLICE_END: u64 = 2;
+const TYPE_INSTANT: u64 = 3;
+const TYPE_COUNTER: u64 = 4;
+// DebugAnnotation
+const ANN_UINT: u32 = 3;
+const ANN_INT: u32 = 4;
+const ANN_STRING: u32 = 6;
+const ANN_NAME: u32 = 10;
+const ANN_ARRAY: u32 = 12;
+
+/// The one packet sequence of the file.
+const SEQUENCE: u64 = 1;
+
+/// Track uuids only need to be unique in the file; the high bits keep the kinds apart.
+fn process_uuid(pid: i32) -> u64 {
+    1 << 40 | u64::from(pid as u32)
+}
+fn thread_uuid(tid: i32) -> u64 {
+    2 << 40 | u64::from(tid as u32)
+}
+fn counter_uuid(index: usize) -> u64 {
+    3 << 40 | index as u64
+}
+
+/// How many packets of each kind a write produced (the summary line).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub events: u64,
+    pub slices: u64,
+    pub counters: u64,
+    pub tracks: u64,
+}
+
+fn packet() -> Msg {
+    let mut p = Msg::new();
+    p.uint(PACKET_SEQUENCE_ID, SEQUENCE);
+    p
+}
+
+/// Writes `p` as one `Trace.packet` (field 1).
+fn emit(out: &mut dyn Write, p: &Msg) -> io::Result<()> {
+    let mut frame = Msg::new();
+    frame.message(1, p);
+    out.write_all(frame.as_bytes())
+}
+
+fn annotation(name: Option<&str>, v: &Value) -> Msg {
+    let mut a = Msg::new();
+    if let Some(name) = name {
+        a.str(ANN_NAME, name);
+    }
+    match v {
+        Value::Int(i) => {
+            a.int(ANN_INT, *i);
+        }
+        Value::UInt(u) => {
+            a.uint(ANN_UINT, *u);
+        }
+        Value::Str(s) => {
+            a.str(ANN_STRING, s);
+        }
+        Value::Bytes(b) => {
+            a.str(ANN_STRING, &super::hex(b));
+        }
+        Value::Array(items) => {
+            for item in items {
+                a.message(ANN_ARRAY, &annotation(None, &Value::UInt(*item)));
+            }
+        }
+    }
+    a
+}
+
+fn track_event(ev: &Event, kind: u64, name: Option<&str>, args: bool) -> Msg {
+    let mut te = Msg::new();
+    te.uint(EVENT_TYPE, kind)
+        .uint(EVENT_TRACK_UUID, thread_uuid(ev.pid));
+    if let Some(name) = name {
+        te.str(EVENT_NAME, name).str(EVENT_CATEGORIES, &ev.system);
+    }
+    if args {
+        te.message(
+            EVENT_ANNOTATIONS,
+            &annotation(Some("common_cpu"), &Value::UInt(u64::from(ev.cpu))),
+        );
+        for (name, v) in &ev.fields {
+            te.message(EVENT_ANNOTATIONS, &annotation(Some(name), v));
+        }
+    }
+    te
+}
+
+fn timed(ts: u64, te: &Msg) -> Msg {
+    let mut p = packet();
+    p.uint(PACKET_TIMESTAMP, ts).message(PACKET_TRACK_EVENT, te);
+    p
+}
+
+fn descriptors(out: &mut dyn Write, scan: &Scan, counts: &mut Counts) -> io::Result<()> {
+    let mut first = true;
+    let mut track = |out: &mut dyn Write, td: &Msg| {
+        let mut p = packet();
+        if std::mem::take(&mut first) {
+            p.uint(PACKET_SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED);
+        }
+        p.message(PACKET_TRACK_DESCRIPTOR, td);
+        counts.tracks += 1;
+        emit(out, &p)
+    };
+    for proc in scan.processes.values() {
+        let mut pd = Msg::new();
+        pd.int(PROCESS_PID, i64::from(proc.pid))
+            .str(PROCESS_NAME, &proc.name);
+        let mut td = Msg::new();
+        td.uint(TRACK_UUID, process_uuid(proc.pid))
+            .message(TRACK_PROCESS, &pd);
+        track(out, &td)?;
+    }
+    for t in scan.threads.values() {
+        let mut thd = Msg::new();
+        thd.int(THREAD_PID, i64::from(t.tgid))
+            .int(THREAD_TID, i64::from(t.tid))
+            .str(THREAD_NAME, &t.comm);
+        let mut td = Msg::new();
+        td.uint(TRACK_UUID, thread_uuid(t.tid))
+            .uint(TRACK_PARENT_UUID, process_uuid(t.tgid))
+            .message(TRACK_THREAD, &thd);
+        track(out, &td)?;
+    }
+    for (i, c) in scan.counter_tracks.iter().enumerate() {
+        let mut td = Msg::new();
+        td.uint(TRACK_UUID, counter_uuid(i))
+            .uint(TRACK_PARENT_UUID, process_uuid(c.pid))
+            .str(TRACK_NAME, &scan.counters()[c.spec].label())
+            .message(TRACK_COUNTER, &Msg::new());
+        track(out, &td)?;
+    }
+    Ok(())
+}
+
+fn event(out: &mut dyn Write, ev: &Event, step: &Step, counts: &mut Counts) -> io::Result<()> {
+    counts.events += 1;
+    match &step.mark {
+        Mark::Instant => {
+            let name = ev.name.as_str();
+            emit(
+                out,
+                &timed(ev.ts, &track_event(ev, TYPE_INSTANT, Some(name), true)),
+            )?;
+        }
+        Mark::Begin(name) => {
+            counts.slices += 1;
+            emit(
+                out,
+                &timed(ev.ts, &track_event(ev, TYPE_SLICE_BEGIN, Some(name), true)),
+            )?;
+        }
+        Mark::End(names) => {
+            // Slices whose exits were lost end here too, without the exit's fields.
+            for i in 0..names.len() {
+                let last = i + 1 == names.len();
+                emit(
+                    out,
+                    &timed(ev.ts, &track_event(ev, TYPE_SLICE_END, None, last)),
+                )?;
+            }
+        }
+    }
+    for (track, value) in &step.counters {
+        counts.counters += 1;
+        let mut te = Msg::new();
+        te.uint(EVENT_TYPE, TYPE_COUNTER)
+            .uint(EVENT_TRACK_UUID, counter_uuid(*track));
+        match value {
+            Num::Int(i) => te.int(EVENT_COUNTER_VALUE, *i),
+            Num::Float(f) => te.double(EVENT_DOUBLE_COUNTER_VALUE, *f),
+        };
+        emit(out, &timed(ev.ts, &te))?;
+    }
+    Ok(())
+}
+
+/// Writes the Perfetto trace of `events`, which `scan` has read in a first pass.
+pub fn write(out: &mut dyn Write, scan: &Scan, events: &dyn Events) -> io::Result<Counts> {
+    let mut counts = Counts::default();
+    descriptors(out, scan, &mut counts)?;
+    let mut timeline = Timeline::new(scan);
+    events.for_each(&mut |ev| {
+        let step = timeline.step(ev);
+        event(out, ev, &step, &mut counts)
+    })?;
+    Ok(counts)
+}
