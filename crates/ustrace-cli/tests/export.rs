@@ -475,6 +475,26 @@ fn export_perfetto_chrome_folded_and_flamegraph_are_read_back() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!bad.exists());
+    for (counter, says) in [
+        ("export_kv:nope:x", "has no `export_kv:nope` event"),
+        (
+            "export_kv:get:nope",
+            "has no field `nope` (its fields: key, latency_ns)",
+        ),
+    ] {
+        let out = ustrace(&[
+            "export",
+            "--chrome",
+            bad.to_str().unwrap(),
+            "--counter",
+            counter,
+            dat.to_str().unwrap(),
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{err}");
+        assert!(!bad.exists());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

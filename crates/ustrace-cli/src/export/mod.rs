@@ -110,6 +110,51 @@ pub(crate) fn open(path: &Path) -> Result<ustrace_tracedat::Reader, String> {
     ustrace_tracedat::Reader::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
+/// Refuses a `--counter` the file's formats cannot satisfy, before anything is written: an
+/// event it has no format for, a field the event does not have, a field that is no number.
+fn check_counters(
+    reader: &ustrace_tracedat::Reader,
+    file: &Path,
+    specs: &[CounterSpec],
+) -> Result<(), String> {
+    use ustrace_tracedat::FieldType;
+    for spec in specs {
+        let label = spec.label();
+        let format = reader
+            .formats()
+            .find(|f| f.system == spec.system && f.name == spec.event)
+            .ok_or_else(|| {
+                format!(
+                    "--counter {label}: {} has no `{}:{}` event",
+                    file.display(),
+                    spec.system,
+                    spec.event
+                )
+            })?;
+        let field = format
+            .fields
+            .iter()
+            .find(|f| f.name == spec.field)
+            .ok_or_else(|| {
+                let names: Vec<&str> = format.fields.iter().map(|f| f.name.as_str()).collect();
+                format!(
+                    "--counter {label}: `{}:{}` has no field `{}` (its fields: {})",
+                    spec.system,
+                    spec.event,
+                    spec.field,
+                    names.join(", ")
+                )
+            })?;
+        if !matches!(field.ty, FieldType::Int | FieldType::Pointer) {
+            return Err(format!(
+                "--counter {label}: the field is not a number ({})",
+                field.c_type
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `ustrace export`.
 pub fn run(args: ExportArgs) -> Result<(), String> {
     let counters = args
@@ -118,6 +163,7 @@ pub fn run(args: ExportArgs) -> Result<(), String> {
         .map(|c| CounterSpec::parse(c))
         .collect::<Result<Vec<_>, _>>()?;
     let reader = open(&args.file)?;
+    check_counters(&reader, &args.file, &counters)?;
     let read_err = |e: io::Error| format!("cannot read {}: {e}", args.file.display());
     if args.perfetto.is_some() || args.chrome.is_some() {
         let scan = scan(&reader, counters).map_err(read_err)?;
@@ -154,4 +200,137 @@ pub fn run(args: ExportArgs) -> Result<(), String> {
         eprintln!("{}: {} distinct stacks", path.display(), stacks.len());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timeline::tests::{entry, ev, exit};
+    use super::*;
+    use ustrace_tracedat::Value;
+
+    /// A small fixed trace: two threads of one process and one of another, nested probe
+    /// pairs, an exit whose entry was lost, fields of every kind, a counter, a stack.
+    fn small() -> Vec<Event> {
+        let mut main = ev(
+            1_000,
+            100,
+            "kv",
+            "get",
+            vec![
+                ("key", Value::Str("a\"b".into())),
+                ("latency_ns", Value::UInt(1500)),
+                ("delta", Value::Int(-3)),
+                ("raw", Value::Bytes(vec![0xde, 0xad])),
+                ("ids", Value::Array(vec![1, 2])),
+            ],
+        );
+        main.comm = "server".into();
+        let mut other = ev(
+            2_500,
+            200,
+            "kv",
+            "get",
+            vec![
+                ("key", Value::Str("z".into())),
+                ("latency_ns", Value::UInt(7)),
+            ],
+        );
+        other.tgid = Some(200);
+        other.comm = "client".into();
+        other.cpu = 1;
+        let mut stack = ev(
+            3_001,
+            101,
+            "ftrace",
+            "kernel_stack",
+            vec![
+                ("size", Value::Int(2)),
+                (
+                    "caller",
+                    Value::Array(vec![0x2010, 0x1010, 0, 0, 0, 0, 0, 0]),
+                ),
+            ],
+        );
+        stack.comm = "t101".into();
+        vec![
+            main,
+            entry(1_200, 101, "handle__entry", 0x1000),
+            entry(1_300, 101, "parse", 0x2000),
+            exit(1_450, 101, "parse_ret", 0x2000),
+            other,
+            // An exit of a call entered before the trace began.
+            exit(2_600, 101, "parse_ret", 0x2000),
+            entry(2_700, 101, "parse", 0x2000),
+            // parse's exit is lost: handle's closes both.
+            exit(3_000, 101, "handle__exit", 0x1000),
+            stack,
+        ]
+    }
+
+    fn scan_small(events: &Vec<Event>) -> Scan {
+        let s = scan(
+            events,
+            vec![CounterSpec::parse("kv:get:latency_ns").unwrap()],
+        )
+        .unwrap();
+        assert!(s.check().unwrap().is_empty());
+        s
+    }
+
+    /// Compares `got` with tests/golden/export/NAME, or writes it under `USTRACE_BLESS=1`.
+    fn golden(name: &str, got: &str) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden/export")
+            .join(name);
+        if std::env::var_os("USTRACE_BLESS").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, got).unwrap();
+            return;
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (USTRACE_BLESS=1 writes it)", path.display()));
+        assert!(
+            want == got,
+            "{name} differs from its golden file (USTRACE_BLESS=1 rewrites it):\n{got}"
+        );
+    }
+
+    #[test]
+    fn chrome_json_of_a_small_trace_matches_its_golden_file() {
+        let events = small();
+        let mut out = Vec::new();
+        let n = chrome::write(&mut out, &scan_small(&events), &events).unwrap();
+        assert_eq!(n, 9);
+        let text = String::from_utf8(out).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_eq!(json["traceEvents"][5]["args"]["key"], "a\"b");
+        golden("small.json", &text);
+    }
+
+    #[test]
+    fn perfetto_trace_of_a_small_trace_matches_its_golden_file() {
+        use ::protobuf::Message;
+        let events = small();
+        let mut out = Vec::new();
+        let counts = perfetto::write(&mut out, &scan_small(&events), &events).unwrap();
+        assert_eq!(
+            (counts.events, counts.slices, counts.counters, counts.tracks),
+            (9, 3, 2, 7)
+        );
+        // The golden is the text form Perfetto's own types print: reviewable by eye, and
+        // any byte we encode wrongly shows up as an unknown field or a parse error.
+        let trace = perfetto_protos::trace::Trace::parse_from_bytes(&out).unwrap();
+        golden(
+            "small.pftrace.txt",
+            &::protobuf::text_format::print_to_string_pretty(&trace),
+        );
+    }
+
+    #[test]
+    fn folded_stacks_of_a_small_trace_match_their_golden_file() {
+        let events = small();
+        let symbols = folded::Symbols::from_kallsyms("1000 T handle\n2000 T parse\n");
+        let stacks = folded::fold(&events, &symbols).unwrap();
+        golden("small.folded", &folded::text(&stacks));
+    }
 }
