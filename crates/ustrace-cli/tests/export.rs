@@ -135,7 +135,15 @@ fn record(dir: &Path) -> (PathBuf, Vec<Worker>) {
             .map(|e| ("fprobes".to_string(), e.to_string()))
             .chain(["get", "put"].map(|e| ("export_kv".to_string(), e.to_string())))
             .collect();
-    let meta = ustrace_tracedat::TraceMeta::from_tracefs(&mut read_raw, Some(&events)).unwrap();
+    let mut meta = ustrace_tracedat::TraceMeta::from_tracefs(&mut read_raw, Some(&events)).unwrap();
+    // A ustrace tracefs has no kallsyms: give the file this process's functions, as a
+    // recorder that knows its target can, so the stacks' frames get names.
+    meta.kallsyms = ustrace_inspect::symbols::inventory()
+        .functions()
+        .iter()
+        .map(|f| format!("{:x} T {}\n", f.addr, f.name))
+        .collect::<String>()
+        .into_bytes();
     let path = dir.join("trace.dat");
     let mut writer = ustrace_tracedat::Writer::create(&path, &meta).unwrap();
     for cpu in 0..meta.cpus {
@@ -418,13 +426,17 @@ fn export_perfetto_chrome_folded_and_flamegraph_are_read_back() {
     perfetto(&pf, &workers);
     chrome(&js, &workers);
 
-    // One stack per `get`: each rooted at its worker, the same stack three times a worker.
+    // One stack per `put`: each rooted at its worker, named from the file's symbols.
     let folded = std::fs::read_to_string(&fo).unwrap();
     let mut per_worker = BTreeMap::new();
     for line in folded.lines() {
         let (stack, count) = line.rsplit_once(' ').unwrap();
         let root = stack.split(';').next().unwrap();
         assert!(stack.split(';').count() > 2, "{line}");
+        assert!(
+            stack.contains(";export::record::{{closure}}"),
+            "frames are named: {line}"
+        );
         *per_worker.entry(root.to_owned()).or_insert(0) += count.parse::<u64>().unwrap();
     }
     assert_eq!(

@@ -26,15 +26,20 @@ impl Symbols {
         let mut syms: Vec<(u64, String)> = text
             .lines()
             .filter_map(|line| {
-                let mut parts = line.split_whitespace();
-                let addr = u64::from_str_radix(parts.next()?, 16).ok()?;
-                let kind = parts.next()?;
-                let name = parts.next()?;
+                let (addr, rest) = line.trim_start().split_once(char::is_whitespace)?;
+                let addr = u64::from_str_radix(addr, 16).ok()?;
+                let (kind, name) = rest.trim_start().split_once(char::is_whitespace)?;
                 // Only code: a data symbol just below a function would claim its frames.
                 if !matches!(kind, "t" | "T" | "w" | "W") {
                     return None;
                 }
-                Some((addr, name.to_owned()))
+                // A module's symbols end in `\t[module]`; a demangled name may hold spaces.
+                let name = match name.rsplit_once('\t') {
+                    Some((n, m)) if m.starts_with('[') => n,
+                    _ => name,
+                };
+                let name = name.trim();
+                (!name.is_empty()).then(|| (addr, name.to_owned()))
             })
             .collect();
         syms.sort();
