@@ -74,11 +74,9 @@ pub struct Reader {
     file: File,
     meta: TraceMeta,
     layout: PageLayout,
-    formats: HashMap<u16, Arc<EventFormat>>,
+    decoder: Decoder,
     cpu_data: Vec<(u64, u64)>,
     cpu_stats: Vec<(usize, String)>,
-    cmdlines: HashMap<i32, String>,
-    tgids: HashMap<i32, i32>,
     version: u32,
     options: Vec<(u16, Vec<u8>)>,
 }
@@ -302,21 +300,14 @@ impl Reader {
             cpus,
             page_size,
         };
-        let mut formats = HashMap::new();
-        for f in meta.formats()? {
-            formats.insert(f.id, Arc::new(f));
-        }
-        let cmdlines = meta.cmdlines();
-        let tgids = meta.tgids();
+        let decoder = Decoder::new(&meta)?;
         Ok(Reader {
             file,
             meta,
             layout,
-            formats,
+            decoder,
             cpu_data,
             cpu_stats,
-            cmdlines,
-            tgids,
             version,
             options,
         })
@@ -344,12 +335,17 @@ impl Reader {
 
     /// The format of event `id`.
     pub fn format(&self, id: u16) -> Option<&Arc<EventFormat>> {
-        self.formats.get(&id)
+        self.decoder.formats.get(&id)
     }
 
     /// Every event format in the file.
     pub fn formats(&self) -> impl Iterator<Item = &Arc<EventFormat>> {
-        self.formats.values()
+        self.decoder.formats.values()
+    }
+
+    /// The record decoder of this file's formats and thread names.
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
     }
 
     /// Offset and size of each CPU's pages in the file.
@@ -379,6 +375,47 @@ impl Reader {
                 })
                 .collect(),
         }
+    }
+
+    /// Decodes one record (`data`: common header first) of `cpu` at `ts`.
+    pub fn decode(&self, cpu: u32, ts: u64, data: &[u8], missed_events: i64) -> Event {
+        self.decoder.decode(cpu, ts, data, missed_events)
+    }
+}
+
+/// Turns records into [`Event`]s with a [`TraceMeta`]'s formats and thread names; what
+/// the [`Reader`] uses for files and a live reader (`ustrace stream`) uses for pages read
+/// from `trace_pipe_raw`.
+#[derive(Clone, Debug, Default)]
+pub struct Decoder {
+    formats: HashMap<u16, Arc<EventFormat>>,
+    cmdlines: HashMap<i32, String>,
+    tgids: HashMap<i32, i32>,
+}
+
+impl Decoder {
+    /// A decoder for the formats and threads of `meta`.
+    pub fn new(meta: &TraceMeta) -> io::Result<Decoder> {
+        let mut formats = HashMap::new();
+        for f in meta.formats()? {
+            formats.insert(f.id, Arc::new(f));
+        }
+        Ok(Decoder {
+            formats,
+            cmdlines: meta.cmdlines(),
+            tgids: meta.tgids(),
+        })
+    }
+
+    /// Takes newer thread names and thread groups (a live reader re-reads them).
+    pub fn update_threads(&mut self, meta: &TraceMeta) {
+        self.cmdlines = meta.cmdlines();
+        self.tgids = meta.tgids();
+    }
+
+    /// Every format known.
+    pub fn formats(&self) -> impl Iterator<Item = &Arc<EventFormat>> {
+        self.formats.values()
     }
 
     /// Decodes one record (`data`: common header first) of `cpu` at `ts`.
