@@ -62,6 +62,20 @@ impl Writer<'_> {
     fn event(&mut self, scan: &Scan, ev: &Event, step: &Step) -> io::Result<()> {
         let tgid = ev.tgid.unwrap_or(ev.pid);
         let head = format!("\"ts\":{},\"pid\":{},\"tid\":{}", ts(ev.ts), tgid, ev.pid);
+        if let Some(count) = step.lost {
+            // Global scope: a CPU's buffer lost them, not one thread.
+            let count = if count > 0 {
+                count.to_string()
+            } else {
+                "\"unknown\"".into()
+            };
+            self.object(&format!(
+                "\"ph\":\"i\",\"s\":\"g\",\"name\":\"lost events\",\"ts\":{},\"pid\":{tgid},\
+                 \"args\":{{\"cpu\":{},\"count\":{count}}}",
+                ts(ev.ts),
+                ev.cpu
+            ))?;
+        }
         match &step.mark {
             Mark::Instant => self.object(&format!(
                 "\"ph\":\"i\",\"s\":\"t\",\"name\":{},\"cat\":{},{head},\"args\":{}",

@@ -209,7 +209,8 @@ mod tests {
     use ustrace_tracedat::Value;
 
     /// A small fixed trace: two threads of one process and one of another, nested probe
-    /// pairs, an exit whose entry was lost, fields of every kind, a counter, a stack.
+    /// pairs, an exit whose entry was lost, fields of every kind, a counter, a stack, and
+    /// events lost before one.
     fn small() -> Vec<Event> {
         let mut main = ev(
             1_000,
@@ -238,6 +239,8 @@ mod tests {
         other.tgid = Some(200);
         other.comm = "client".into();
         other.cpu = 1;
+        // Its CPU's buffer lost four events just before it.
+        other.missed_events = 4;
         let mut stack = ev(
             3_001,
             101,
@@ -315,7 +318,7 @@ mod tests {
         let counts = perfetto::write(&mut out, &scan_small(&events), &events).unwrap();
         assert_eq!(
             (counts.events, counts.slices, counts.counters, counts.tracks),
-            (9, 3, 2, 7)
+            (9, 3, 2, 8)
         );
         // The golden is the text form Perfetto's own types print: reviewable by eye, and
         // any byte we encode wrongly shows up as an unknown field or a parse error.

@@ -69,6 +69,9 @@ fn thread_uuid(tid: i32) -> u64 {
 fn counter_uuid(index: usize) -> u64 {
     3 << 40 | index as u64
 }
+fn lost_uuid(cpu: u32) -> u64 {
+    4 << 40 | u64::from(cpu)
+}
 
 /// How many packets of each kind a write produced (the summary line).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -183,11 +186,36 @@ fn descriptors(out: &mut dyn Write, scan: &Scan, counts: &mut Counts) -> io::Res
             .message(TRACK_COUNTER, &Msg::new());
         track(out, &td)?;
     }
+    for cpu in &scan.lossy_cpus {
+        let mut td = Msg::new();
+        td.uint(TRACK_UUID, lost_uuid(*cpu))
+            .str(TRACK_NAME, &format!("cpu{cpu} lost events"));
+        track(out, &td)?;
+    }
     Ok(())
+}
+
+/// An instant on the CPU's lost-events track: events of that buffer were overwritten or
+/// dropped between the previous event and this one.
+fn lost(out: &mut dyn Write, ev: &Event, count: i64) -> io::Result<()> {
+    let mut te = Msg::new();
+    te.uint(EVENT_TYPE, TYPE_INSTANT)
+        .uint(EVENT_TRACK_UUID, lost_uuid(ev.cpu))
+        .str(EVENT_NAME, "lost events");
+    let value = if count > 0 {
+        Value::Int(count)
+    } else {
+        Value::Str("unknown".into())
+    };
+    te.message(EVENT_ANNOTATIONS, &annotation(Some("count"), &value));
+    emit(out, &timed(ev.ts, &te))
 }
 
 fn event(out: &mut dyn Write, ev: &Event, step: &Step, counts: &mut Counts) -> io::Result<()> {
     counts.events += 1;
+    if let Some(count) = step.lost {
+        lost(out, ev, count)?;
+    }
     match &step.mark {
         Mark::Instant => {
             let name = ev.name.as_str();

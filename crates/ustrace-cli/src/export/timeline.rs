@@ -104,6 +104,9 @@ pub enum Mark {
 /// One event on the timeline, for the writers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
+    /// Events of this CPU lost just before this one, as the page said: `Some(n)` with
+    /// n > 0, or `Some(-1)` when some were lost but the count was not kept.
+    pub lost: Option<i64>,
     pub mark: Mark,
     /// `(index into Scan::counter_tracks, value)` for each counter this event feeds.
     pub counters: Vec<(usize, Num)>,
@@ -187,6 +190,8 @@ pub struct Scan {
     pub processes: BTreeMap<i32, Process>,
     /// The counter tracks to declare, in the order first seen.
     pub counter_tracks: Vec<CounterTrack>,
+    /// The CPUs whose buffers lost events, each drawn on a track of its own.
+    pub lossy_cpus: std::collections::BTreeSet<u32>,
     counter_index: HashMap<(usize, i32), usize>,
     /// Functions with at least one exit probe event in the trace.
     exits: HashSet<Key>,
@@ -224,6 +229,9 @@ impl Scan {
         }
         if let Some(key) = exit_key(ev) {
             self.exits.insert(key);
+        }
+        if ev.missed_events != 0 {
+            self.lossy_cpus.insert(ev.cpu);
         }
         for (i, spec) in self.counters.iter().enumerate() {
             if !spec.matches(ev) {
@@ -310,7 +318,12 @@ impl<'s> Timeline<'s> {
                 counters.push((track, n));
             }
         }
-        Step { mark, counters }
+        let lost = (ev.missed_events != 0).then_some(ev.missed_events);
+        Step {
+            lost,
+            mark,
+            counters,
+        }
     }
 
     fn mark(&mut self, ev: &Event) -> Mark {
@@ -510,6 +523,19 @@ pub(crate) mod tests {
         for bad in ["kv:get", "kv", ":get:x", "kv:get:", "kv:get:a b"] {
             assert!(CounterSpec::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn lost_events_are_marked_on_the_event_after_them() {
+        let mut after = ev(2, 1, "kv", "get", vec![]);
+        after.missed_events = 5;
+        after.cpu = 3;
+        let (scan, steps) = run(&[ev(1, 1, "kv", "get", vec![]), after], vec![]);
+        assert_eq!(scan.lossy_cpus.iter().copied().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(
+            steps.iter().map(|s| s.lost).collect::<Vec<_>>(),
+            vec![None, Some(5)]
+        );
     }
 
     #[test]
