@@ -21,7 +21,7 @@ use ustrace_tracedat::Event;
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("output").args(["perfetto", "chrome", "folded"]).required(true).multiple(true)))]
 pub struct ExportArgs {
-    /// The trace to read, as `ustrace record` or `trace-cmd record` wrote it.
+    /// The trace.dat to read (trace-cmd's file format, as `ustrace record` writes it).
     #[arg(value_name = "FILE", default_value = "trace.dat")]
     pub file: PathBuf,
     /// Write a Perfetto trace (protobuf TrackEvents) to OUT (`-` for standard output).
