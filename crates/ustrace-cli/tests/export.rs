@@ -246,10 +246,54 @@ fn perfetto(path: &Path, workers: &[Worker]) {
     let mut tracks: HashMap<i32, Track> = HashMap::new();
     let mut counter_values: Vec<i64> = Vec::new();
     let mut last_ts = 0;
-    for p in &trace.packet {
+    // The interned names (event names, categories, annotation names) as the trace
+    // processor keeps them: by id, valid on the sequence once a packet has defined them.
+    let mut names: HashMap<u64, String> = HashMap::new();
+    let mut categories: HashMap<u64, String> = HashMap::new();
+    let mut ann_names: HashMap<u64, String> = HashMap::new();
+    for (i, p) in trace.packet.iter().enumerate() {
         // Every field we wrote is one Perfetto knows, at the number and type it expects.
         assert_eq!(p.special_fields.unknown_fields().iter().count(), 0, "{p:?}");
         assert_eq!(p.trusted_packet_sequence_id(), 1);
+        if i == 0 {
+            assert_eq!(
+                p.sequence_flags(),
+                1,
+                "the first packet clears the sequence's state"
+            );
+        }
+        if let Some(data) = p.interned_data.as_ref() {
+            for (table, entries) in [
+                (
+                    &mut names,
+                    data.event_names
+                        .iter()
+                        .map(|e| (e.iid(), e.name()))
+                        .collect::<Vec<_>>(),
+                ),
+                (
+                    &mut categories,
+                    data.event_categories
+                        .iter()
+                        .map(|e| (e.iid(), e.name()))
+                        .collect(),
+                ),
+                (
+                    &mut ann_names,
+                    data.debug_annotation_names
+                        .iter()
+                        .map(|e| (e.iid(), e.name()))
+                        .collect(),
+                ),
+            ] {
+                for (iid, name) in entries {
+                    assert!(
+                        iid != 0 && table.insert(iid, name.to_owned()).is_none(),
+                        "iid {iid} defined twice"
+                    );
+                }
+            }
+        }
         if p.has_track_descriptor() {
             let td = p.track_descriptor();
             if let Some(t) = td.thread.as_ref() {
@@ -268,6 +312,7 @@ fn perfetto(path: &Path, workers: &[Worker]) {
         last_ts = p.timestamp();
         let te = p.track_event();
         assert_eq!(te.special_fields.unknown_fields().iter().count(), 0);
+        assert_eq!(p.sequence_flags(), 2, "events depend on the interned names");
         if te.type_() == Type::TYPE_COUNTER {
             assert!(counters.contains_key(&te.track_uuid()));
             counter_values.push(te.counter_value());
@@ -292,22 +337,23 @@ fn perfetto(path: &Path, workers: &[Worker]) {
                     ),
                     other => format!("{other:?}"),
                 };
-                (a.name().to_owned(), v)
+                (ann_names[&a.name_iid()].clone(), v)
             })
             .collect();
+        let name = names.get(&te.name_iid()).map(String::as_str).unwrap_or("");
         let track = tracks.entry(tid).or_default();
         match te.type_() {
             Type::TYPE_INSTANT => {
-                assert_eq!(te.categories.len(), 1);
-                track.marks.push(format!("I {}", te.name()));
-                if te.name() == "get" {
-                    assert_eq!(te.categories[0], "export_kv");
+                assert_eq!(te.category_iids.len(), 1);
+                track.marks.push(format!("I {name}"));
+                if name == "get" {
+                    assert_eq!(categories[&te.category_iids[0]], "export_kv");
                     track.gets.push(args);
                 }
             }
             Type::TYPE_SLICE_BEGIN => {
-                track.marks.push(format!("B {}", te.name()));
-                if te.name() == "export_outer" {
+                track.marks.push(format!("B {name}"));
+                if name == "export_outer" {
                     track.outer_args.push(args);
                 }
             }

@@ -3,15 +3,19 @@
 //!
 //! One packet sequence holds everything. Descriptor packets come first: a process track
 //! per thread group, a thread track per thread under it (names from the trace's
-//! saved_cmdlines), and a counter track per asked-for field and process. Then one packet
-//! per event in timestamp order: an instant on its thread's track, or a slice begin/end for
-//! fprobe entry/exit pairs (see [`super::timeline`]), with the event's fields as debug
-//! annotations, followed by a counter packet per counter the event feeds. Field numbers are
-//! those of Perfetto's protos/perfetto/trace/{trace_packet,track_event/*}.proto.
+//! saved_cmdlines), a counter track per asked-for field and process, and a track per CPU
+//! whose buffer lost events. Then one packet per event in timestamp order: an instant on
+//! its thread's track, or a slice begin/end for fprobe entry/exit pairs (see
+//! [`super::timeline`]), with the event's fields as debug annotations; before it an instant
+//! on its CPU's track if events were lost just before it, after it a counter packet per
+//! counter it feeds. Event names, systems (categories) and field names are interned:
+//! written once, then referred to by id. Field numbers are those of Perfetto's
+//! protos/perfetto/trace/{trace_packet,interned_data/*,track_event/*}.proto.
 
 use super::protobuf::Msg;
 use super::timeline::{Mark, Num, Scan, Step, Timeline};
 use super::Events;
+use std::collections::HashMap;
 use std::io::{self, Write};
 use ustrace_tracedat::{Event, Value};
 
@@ -19,11 +23,19 @@ use ustrace_tracedat::{Event, Value};
 const PACKET_TIMESTAMP: u32 = 8;
 const PACKET_SEQUENCE_ID: u32 = 10;
 const PACKET_TRACK_EVENT: u32 = 11;
+const PACKET_INTERNED_DATA: u32 = 12;
 const PACKET_SEQUENCE_FLAGS: u32 = 13;
 const PACKET_TRACK_DESCRIPTOR: u32 = 60;
-/// `TracePacket.SequenceFlags.SEQ_INCREMENTAL_STATE_CLEARED`: nothing came before on this
-/// sequence (we intern nothing, but the trace processor trusts a sequence that says so).
+/// `TracePacket.SequenceFlags`: the first packet says the sequence starts with no interned
+/// names; every event packet says it refers to names interned before it.
 const SEQ_INCREMENTAL_STATE_CLEARED: u64 = 1;
+const SEQ_NEEDS_INCREMENTAL_STATE: u64 = 2;
+// InternedData and its EventName / EventCategory / DebugAnnotationName entries
+const INTERNED_EVENT_CATEGORIES: u32 = 1;
+const INTERNED_EVENT_NAMES: u32 = 2;
+const INTERNED_ANNOTATION_NAMES: u32 = 3;
+const INTERNED_IID: u32 = 1;
+const INTERNED_NAME: u32 = 2;
 // TrackDescriptor
 const TRACK_UUID: u32 = 1;
 const TRACK_NAME: u32 = 2;
@@ -38,11 +50,11 @@ const THREAD_PID: u32 = 1;
 const THREAD_TID: u32 = 2;
 const THREAD_NAME: u32 = 5;
 // TrackEvent
+const EVENT_CATEGORY_IIDS: u32 = 3;
 const EVENT_ANNOTATIONS: u32 = 4;
 const EVENT_TYPE: u32 = 9;
+const EVENT_NAME_IID: u32 = 10;
 const EVENT_TRACK_UUID: u32 = 11;
-const EVENT_CATEGORIES: u32 = 22;
-const EVENT_NAME: u32 = 23;
 const EVENT_COUNTER_VALUE: u32 = 30;
 const EVENT_DOUBLE_COUNTER_VALUE: u32 = 44;
 const TYPE_SLICE_BEGIN: u64 = 1;
@@ -50,10 +62,10 @@ const TYPE_SLICE_END: u64 = 2;
 const TYPE_INSTANT: u64 = 3;
 const TYPE_COUNTER: u64 = 4;
 // DebugAnnotation
+const ANN_NAME_IID: u32 = 1;
 const ANN_UINT: u32 = 3;
 const ANN_INT: u32 = 4;
 const ANN_STRING: u32 = 6;
-const ANN_NAME: u32 = 10;
 const ANN_ARRAY: u32 = 12;
 
 /// The one packet sequence of the file.
@@ -95,10 +107,72 @@ fn emit(out: &mut dyn Write, p: &Msg) -> io::Result<()> {
     out.write_all(frame.as_bytes())
 }
 
-fn annotation(name: Option<&str>, v: &Value) -> Msg {
+/// Names said once per file: event names, categories (systems) and annotation names go in
+/// a packet's `interned_data` the first time they are used and by id after that, so a
+/// trace of a million `get` events does not carry "latency_ns" a million times.
+#[derive(Default)]
+struct Interner {
+    names: HashMap<String, u64>,
+    categories: HashMap<String, u64>,
+    annotations: HashMap<String, u64>,
+    /// The `InternedData` of the packet being built: what it uses for the first time.
+    pending: Msg,
+}
+
+impl Interner {
+    fn intern(table: &mut HashMap<String, u64>, pending: &mut Msg, field: u32, s: &str) -> u64 {
+        if let Some(&iid) = table.get(s) {
+            return iid;
+        }
+        // iid 0 is not a valid id.
+        let iid = table.len() as u64 + 1;
+        table.insert(s.to_owned(), iid);
+        let mut entry = Msg::new();
+        entry.uint(INTERNED_IID, iid).str(INTERNED_NAME, s);
+        pending.message(field, &entry);
+        iid
+    }
+
+    fn name(&mut self, s: &str) -> u64 {
+        Self::intern(&mut self.names, &mut self.pending, INTERNED_EVENT_NAMES, s)
+    }
+
+    fn category(&mut self, s: &str) -> u64 {
+        Self::intern(
+            &mut self.categories,
+            &mut self.pending,
+            INTERNED_EVENT_CATEGORIES,
+            s,
+        )
+    }
+
+    fn annotation(&mut self, s: &str) -> u64 {
+        Self::intern(
+            &mut self.annotations,
+            &mut self.pending,
+            INTERNED_ANNOTATION_NAMES,
+            s,
+        )
+    }
+
+    /// A timed packet around `te`, carrying what `te` interned for the first time.
+    fn packet(&mut self, ts: u64, te: &Msg) -> Msg {
+        let mut p = packet();
+        p.uint(PACKET_TIMESTAMP, ts)
+            .message(PACKET_TRACK_EVENT, te)
+            .uint(PACKET_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE);
+        let pending = std::mem::take(&mut self.pending);
+        if !pending.as_bytes().is_empty() {
+            p.message(PACKET_INTERNED_DATA, &pending);
+        }
+        p
+    }
+}
+
+fn annotation(interner: &mut Interner, name: Option<&str>, v: &Value) -> Msg {
     let mut a = Msg::new();
     if let Some(name) = name {
-        a.str(ANN_NAME, name);
+        a.uint(ANN_NAME_IID, interner.annotation(name));
     }
     match v {
         Value::Int(i) => {
@@ -115,36 +189,40 @@ fn annotation(name: Option<&str>, v: &Value) -> Msg {
         }
         Value::Array(items) => {
             for item in items {
-                a.message(ANN_ARRAY, &annotation(None, &Value::UInt(*item)));
+                a.message(ANN_ARRAY, &annotation(interner, None, &Value::UInt(*item)));
             }
         }
     }
     a
 }
 
-fn track_event(ev: &Event, kind: u64, name: Option<&str>, args: bool) -> Msg {
+fn track_event(
+    interner: &mut Interner,
+    ev: &Event,
+    kind: u64,
+    name: Option<&str>,
+    args: bool,
+) -> Msg {
     let mut te = Msg::new();
     te.uint(EVENT_TYPE, kind)
         .uint(EVENT_TRACK_UUID, thread_uuid(ev.pid));
     if let Some(name) = name {
-        te.str(EVENT_NAME, name).str(EVENT_CATEGORIES, &ev.system);
+        te.uint(EVENT_NAME_IID, interner.name(name))
+            .uint(EVENT_CATEGORY_IIDS, interner.category(&ev.system));
     }
     if args {
-        te.message(
-            EVENT_ANNOTATIONS,
-            &annotation(Some("common_cpu"), &Value::UInt(u64::from(ev.cpu))),
+        let cpu = annotation(
+            interner,
+            Some("common_cpu"),
+            &Value::UInt(u64::from(ev.cpu)),
         );
+        te.message(EVENT_ANNOTATIONS, &cpu);
         for (name, v) in &ev.fields {
-            te.message(EVENT_ANNOTATIONS, &annotation(Some(name), v));
+            let a = annotation(interner, Some(name), v);
+            te.message(EVENT_ANNOTATIONS, &a);
         }
     }
     te
-}
-
-fn timed(ts: u64, te: &Msg) -> Msg {
-    let mut p = packet();
-    p.uint(PACKET_TIMESTAMP, ts).message(PACKET_TRACK_EVENT, te);
-    p
 }
 
 fn descriptors(out: &mut dyn Write, scan: &Scan, counts: &mut Counts) -> io::Result<()> {
@@ -197,48 +275,49 @@ fn descriptors(out: &mut dyn Write, scan: &Scan, counts: &mut Counts) -> io::Res
 
 /// An instant on the CPU's lost-events track: events of that buffer were overwritten or
 /// dropped between the previous event and this one.
-fn lost(out: &mut dyn Write, ev: &Event, count: i64) -> io::Result<()> {
+fn lost(out: &mut dyn Write, interner: &mut Interner, ev: &Event, count: i64) -> io::Result<()> {
     let mut te = Msg::new();
     te.uint(EVENT_TYPE, TYPE_INSTANT)
         .uint(EVENT_TRACK_UUID, lost_uuid(ev.cpu))
-        .str(EVENT_NAME, "lost events");
+        .uint(EVENT_NAME_IID, interner.name("lost events"));
     let value = if count > 0 {
         Value::Int(count)
     } else {
         Value::Str("unknown".into())
     };
-    te.message(EVENT_ANNOTATIONS, &annotation(Some("count"), &value));
-    emit(out, &timed(ev.ts, &te))
+    let a = annotation(interner, Some("count"), &value);
+    te.message(EVENT_ANNOTATIONS, &a);
+    let p = interner.packet(ev.ts, &te);
+    emit(out, &p)
 }
 
-fn event(out: &mut dyn Write, ev: &Event, step: &Step, counts: &mut Counts) -> io::Result<()> {
+fn event(
+    out: &mut dyn Write,
+    interner: &mut Interner,
+    ev: &Event,
+    step: &Step,
+    counts: &mut Counts,
+) -> io::Result<()> {
     counts.events += 1;
     if let Some(count) = step.lost {
-        lost(out, ev, count)?;
+        lost(out, interner, ev, count)?;
     }
     match &step.mark {
         Mark::Instant => {
-            let name = ev.name.as_str();
-            emit(
-                out,
-                &timed(ev.ts, &track_event(ev, TYPE_INSTANT, Some(name), true)),
-            )?;
+            let te = track_event(interner, ev, TYPE_INSTANT, Some(&ev.name), true);
+            emit(out, &interner.packet(ev.ts, &te))?;
         }
         Mark::Begin(name) => {
             counts.slices += 1;
-            emit(
-                out,
-                &timed(ev.ts, &track_event(ev, TYPE_SLICE_BEGIN, Some(name), true)),
-            )?;
+            let te = track_event(interner, ev, TYPE_SLICE_BEGIN, Some(name), true);
+            emit(out, &interner.packet(ev.ts, &te))?;
         }
         Mark::End(names) => {
             // Slices whose exits were lost end here too, without the exit's fields.
             for i in 0..names.len() {
                 let last = i + 1 == names.len();
-                emit(
-                    out,
-                    &timed(ev.ts, &track_event(ev, TYPE_SLICE_END, None, last)),
-                )?;
+                let te = track_event(interner, ev, TYPE_SLICE_END, None, last);
+                emit(out, &interner.packet(ev.ts, &te))?;
             }
         }
     }
@@ -251,7 +330,7 @@ fn event(out: &mut dyn Write, ev: &Event, step: &Step, counts: &mut Counts) -> i
             Num::Int(i) => te.int(EVENT_COUNTER_VALUE, *i),
             Num::Float(f) => te.double(EVENT_DOUBLE_COUNTER_VALUE, *f),
         };
-        emit(out, &timed(ev.ts, &te))?;
+        emit(out, &interner.packet(ev.ts, &te))?;
     }
     Ok(())
 }
@@ -261,9 +340,10 @@ pub fn write(out: &mut dyn Write, scan: &Scan, events: &dyn Events) -> io::Resul
     let mut counts = Counts::default();
     descriptors(out, scan, &mut counts)?;
     let mut timeline = Timeline::new(scan);
+    let mut interner = Interner::default();
     events.for_each(&mut |ev| {
         let step = timeline.step(ev);
-        event(out, ev, &step, &mut counts)
+        event(out, &mut interner, ev, &step, &mut counts)
     })?;
     Ok(counts)
 }
