@@ -69,9 +69,32 @@ pub struct Event {
     pub data: Vec<u8>,
 }
 
+/// Where the file's bytes are.
+enum Backing {
+    File(File),
+    Memory(Vec<u8>),
+}
+
+impl Backing {
+    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> io::Result<()> {
+        match self {
+            Backing::File(f) => f.read_exact_at(buf, at),
+            Backing::Memory(m) => {
+                let start = usize::try_from(at).unwrap_or(usize::MAX);
+                let src = start
+                    .checked_add(buf.len())
+                    .and_then(|end| m.get(start..end))
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+                buf.copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Reads a trace.dat file.
 pub struct Reader {
-    file: File,
+    file: Backing,
     meta: TraceMeta,
     layout: PageLayout,
     decoder: Decoder,
@@ -160,20 +183,17 @@ impl Reader {
         let head_len = len.min(256 << 20) as usize;
         let mut head = vec![0u8; head_len];
         file.read_exact_at(&mut head, 0)?;
-        Self::parse(&head, len, file)
+        Self::parse(&head, len, Backing::File(file))
     }
 
-    /// Parses a whole file held in memory (the fuzz target's door), then reads events
-    /// through a scratch file. `bytes` is the file.
-    pub fn parse_bytes(bytes: &[u8], scratch: File) -> io::Result<Reader> {
-        use std::io::Write;
-        let mut f = scratch;
-        f.set_len(0)?;
-        f.write_all(bytes)?;
-        Self::parse(bytes, bytes.len() as u64, f)
+    /// Parses a whole file held in memory (what the fuzz target feeds).
+    pub fn from_bytes(bytes: Vec<u8>) -> io::Result<Reader> {
+        let mut reader = Self::parse(&bytes, bytes.len() as u64, Backing::Memory(Vec::new()))?;
+        reader.file = Backing::Memory(bytes);
+        Ok(reader)
     }
 
-    fn parse(head: &[u8], file_len: u64, file: File) -> io::Result<Reader> {
+    fn parse(head: &[u8], file_len: u64, file: Backing) -> io::Result<Reader> {
         let mut c = Cursor { buf: head, pos: 0 };
         if c.take(MAGIC.len(), "magic")? != MAGIC {
             return Err(bad("not a trace.dat file (bad magic)"));
