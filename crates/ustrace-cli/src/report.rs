@@ -125,7 +125,7 @@ fn stats(reader: &Reader) -> Result<(), String> {
     outln!();
     outln!("In the file:");
     for cpu in 0..n {
-        let (offset, size) = reader.cpu_data()[cpu];
+        let (offset, size) = reader.cpu_data().get(cpu).copied().unwrap_or((0, 0));
         let unknown = if lost_unknown[cpu] > 0 {
             format!(" (+{} losses of unknown size)", lost_unknown[cpu])
         } else {

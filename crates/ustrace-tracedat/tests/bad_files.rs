@@ -121,3 +121,58 @@ fn corrupted_bytes_never_panic() {
         }
     }
 }
+
+/// The same sweeps over trace-cmd's version 7 of the file (sections found by offsets).
+#[test]
+fn a_version_7_file_survives_the_same_sweeps() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let v6 = dir.join(format!("bad-files-v6-{}.dat", std::process::id()));
+    let v7 = dir.join(format!("bad-files-v7-{}.dat", std::process::id()));
+    std::fs::write(&v6, valid_file()).unwrap();
+    let out = std::process::Command::new("trace-cmd")
+        .args([
+            "convert",
+            "--file-version",
+            "7",
+            "--compression",
+            "none",
+            "-i",
+        ])
+        .arg(&v6)
+        .arg("-o")
+        .arg(&v7)
+        .output();
+    let _ = std::fs::remove_file(&v6);
+    match out {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!("trace-cmd convert: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            eprintln!("skipped: trace-cmd convert: {e} (scripts/test.sh installs trace-cmd)");
+            return;
+        }
+    }
+    let bytes = std::fs::read(&v7).unwrap();
+    let _ = std::fs::remove_file(&v7);
+    assert_eq!(report(bytes.clone()), Ok(80));
+    for len in (0..bytes.len()).step_by(3) {
+        let _ = report(bytes[..len].to_vec());
+    }
+    // Bytes outside the pages: the headers and sections, wherever they are.
+    let r = Reader::from_bytes(bytes.clone()).unwrap();
+    let pages: Vec<_> = r
+        .cpu_data()
+        .iter()
+        .filter(|(_, s)| *s > 0)
+        .copied()
+        .collect();
+    for at in 0..bytes.len() as u64 {
+        if pages.iter().any(|(o, s)| at >= *o && at < o + s) {
+            continue;
+        }
+        for value in [0x00u8, 0xff, 0x07] {
+            let mut b = bytes.clone();
+            b[at as usize] = value;
+            let _ = report(b);
+        }
+    }
+}

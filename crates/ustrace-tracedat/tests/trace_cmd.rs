@@ -243,6 +243,39 @@ fn real_trace_cmd_report_agrees_with_ours_and_the_golden() {
     eprintln!("checked against: {version}");
     assert_same(&theirs, &mine);
     assert_same(&trace_cmd_report(&lossy).unwrap(), &lossy_ours);
+
+    // trace-cmd's own version 7 (its default) of the same file, uncompressed: our reader
+    // prints the same lines from it; a compressed one is refused with a way out.
+    let v7 = path.with_extension("v7.dat");
+    convert(&path, &v7, "none");
+    assert_same(&ours(&v7), &mine);
+    let zipped = path.with_extension("v7z.dat");
+    convert(&path, &zipped, "any");
+    let err = Reader::open(&zipped).unwrap_err().to_string();
+    assert!(err.contains("--compression none"), "{err}");
+}
+
+/// `trace-cmd convert` to file version 7 with `compression`.
+fn convert(from: &Path, to: &Path, compression: &str) {
+    let out = Command::new("trace-cmd")
+        .args([
+            "convert",
+            "--file-version",
+            "7",
+            "--compression",
+            compression,
+            "-i",
+        ])
+        .arg(from)
+        .arg("-o")
+        .arg(to)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The real `trace-cmd report FILE` lines, or `None` (said loudly) without trace-cmd.
