@@ -21,8 +21,9 @@ pub struct ReportArgs {
     /// Only these events: `SYS`, `SYS:EVENT`, `SYS/EVENT` or `EVENT` (repeatable).
     #[arg(short = 'F', long = "event", value_name = "EVENT")]
     pub events: Vec<String>,
-    /// Print each event's fields as `name=value` instead of its print format.
-    #[arg(long)]
+    /// Print each event's fields as `name=value` instead of its print format (as
+    /// `trace-cmd report -R`).
+    #[arg(short = 'R', long)]
     pub raw: bool,
     /// Print the per-CPU statistics stored in the file (entries, overrun, lost events)
     /// and the events and lost-event marks found in the pages, instead of the events.
