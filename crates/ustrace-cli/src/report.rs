@@ -21,8 +21,9 @@ pub struct ReportArgs {
     /// Only these events: `SYS`, `SYS:EVENT`, `SYS/EVENT` or `EVENT` (repeatable).
     #[arg(short = 'F', long = "event", value_name = "EVENT")]
     pub events: Vec<String>,
-    /// Print each event's fields as `name=value` instead of its print format.
-    #[arg(long)]
+    /// Print each event's fields as `name=value` instead of its print format (as
+    /// `trace-cmd report -R`).
+    #[arg(short = 'R', long)]
     pub raw: bool,
     /// Print the per-CPU statistics stored in the file (entries, overrun, lost events)
     /// and the events and lost-event marks found in the pages, instead of the events.
@@ -125,7 +126,7 @@ fn stats(reader: &Reader) -> Result<(), String> {
     outln!();
     outln!("In the file:");
     for cpu in 0..n {
-        let (offset, size) = reader.cpu_data()[cpu];
+        let (offset, size) = reader.cpu_data().get(cpu).copied().unwrap_or((0, 0));
         let unknown = if lost_unknown[cpu] > 0 {
             format!(" (+{} losses of unknown size)", lost_unknown[cpu])
         } else {

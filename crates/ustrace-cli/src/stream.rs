@@ -33,8 +33,9 @@ pub struct StreamArgs {
     /// Stream this instance's buffers (`instances/NAME/per_cpu/...`).
     #[arg(short = 'B', long = "instance", value_name = "NAME")]
     pub instance: Option<String>,
-    /// Print each event's fields as `name=value` instead of its print format.
-    #[arg(long)]
+    /// Print each event's fields as `name=value` instead of its print format (as
+    /// `trace-cmd report -R`).
+    #[arg(short = 'R', long)]
     pub raw: bool,
     /// Stop after this many seconds (default: until interrupted).
     #[arg(long, value_name = "SECS")]

@@ -115,8 +115,7 @@ pub struct PageRecord {
 pub struct DecodedPage {
     /// The page's base timestamp.
     pub base_ts: u64,
-    /// Events lost before this page: `Some(n)` with the stored count, `Some(-1)`-like
-    /// `None` count when flagged but not stored (see [`DecodedPage::missed_unknown`]).
+    /// Events lost before this page, when the page stores their number.
     pub missed: Option<u64>,
     /// Events were lost before this page but their number was not stored.
     pub missed_unknown: bool,

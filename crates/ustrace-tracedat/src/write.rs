@@ -28,8 +28,16 @@ pub(crate) const MAGIC: &[u8] = b"\x17\x08\x44tracing";
 pub(crate) mod option {
     pub const DONE: u16 = 0;
     pub const CPUSTAT: u16 = 2;
+    pub const BUFFER: u16 = 3;
     pub const TRACECLOCK: u16 = 4;
+    pub const CPUCOUNT: u16 = 8;
     pub const VERSION: u16 = 9;
+    pub const HEADER_INFO: u16 = 16;
+    pub const FTRACE_EVENTS: u16 = 17;
+    pub const EVENT_FORMATS: u16 = 18;
+    pub const KALLSYMS: u16 = 19;
+    pub const PRINTK: u16 = 20;
+    pub const CMDLINES: u16 = 21;
 }
 
 /// What [`Writer::finish`] wrote.

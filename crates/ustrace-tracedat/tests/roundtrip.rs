@@ -89,3 +89,24 @@ fn events_written_come_back() {
     let print = evs.iter().find(|e| e.name == "print").unwrap();
     assert_eq!(print.fields[1].1, Value::Str("hello marker\n".into()));
 }
+
+/// Headers bigger than the reader's first look (1 MiB of symbols) are read whole.
+#[test]
+fn big_headers_are_read_whole() {
+    let mut meta = TraceMeta::from_tracefs(&mut |p| read(p), Some(&[])).unwrap();
+    let mut syms = String::new();
+    for i in 0..60_000u64 {
+        syms.push_str(&format!("{:016x} T symbol_number_{i}\n", 0x1000 + i * 16));
+    }
+    assert!(syms.len() > 2 << 20);
+    meta.kallsyms = syms.clone().into_bytes();
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("big_headers.dat");
+    let mut w = Writer::create(&path, &meta).unwrap();
+    let mut page = vec![0u8; 4096];
+    page[8] = 0; // an empty page
+    w.push_page(0, &page).unwrap();
+    w.finish().unwrap();
+    let r = Reader::open(&path).unwrap();
+    assert_eq!(r.meta().kallsyms, syms.into_bytes());
+    assert_eq!(r.events().count(), 0);
+}
