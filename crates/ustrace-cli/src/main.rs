@@ -29,9 +29,13 @@ mod bench_peers;
 mod bench_scale;
 mod demo;
 mod exec;
+mod export;
+mod flamegraph;
 mod hist;
 mod mount;
 mod remote;
+mod report;
+mod stream;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
@@ -100,6 +104,15 @@ enum Command {
                             ustrace hist --tracefs /sys/kernel/tracing kmem:kmalloc\n  \
                             ustrace hist --file saved.hist --value bytes_req")]
     Hist(hist::HistArgs),
+    /// Print a trace.dat as `trace-cmd report` does (or its per-CPU stats).
+    #[command(after_help = "Examples:\n  ustrace report\n  \
+                            ustrace report trace.dat --cpu 0 -F kv:get\n  \
+                            ustrace report --stats trace.dat")]
+    Report(report::ReportArgs),
+    /// Print a process's (or a tracefs's) events live, as `trace-cmd stream` does.
+    #[command(after_help = "Examples:\n  ustrace stream -p 1234\n  \
+                            ustrace stream --tracefs /sys/kernel/tracing --duration 5")]
+    Stream(stream::StreamArgs),
     /// Mount a running process's tracefs on a directory until interrupted.
     #[command(after_help = "Examples:\n  ustrace mount -p 1234 /mnt/t &\n  \
                             echo 1 > /mnt/t/events/kv/enable\n  cat /mnt/t/trace\n  \
@@ -121,6 +134,19 @@ enum Command {
                             Root unshares a mount namespace; a user also a user namespace, and \
                             needs a /dev/fuse they may open. Exits with the command's status.")]
     Exec(exec::ExecArgs),
+    /// Convert a trace.dat for other viewers: Perfetto, Chrome JSON, folded stacks.
+    #[command(after_help = "Examples:\n  \
+                            ustrace export --perfetto trace.pftrace     (open in ui.perfetto.dev)\n  \
+                            ustrace export --chrome trace.json --counter kv:get:latency_ns\n  \
+                            ustrace export --folded stacks.folded saved.dat\n\
+                            Fprobe entry/exit pairs become slices; every other event an instant \
+                            on its thread's track, its fields as args.")]
+    Export(export::ExportArgs),
+    /// Draw a flame graph (SVG) of a trace.dat's stack events, or of folded stacks.
+    #[command(after_help = "Examples:\n  \
+                            ustrace flamegraph -o stacks.svg trace.dat\n  \
+                            ustrace flamegraph -o stacks.svg stacks.folded")]
+    Flamegraph(flamegraph::FlamegraphArgs),
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     #[command(after_help = "Examples:\n  \
                             ustrace completions bash > /etc/bash_completion.d/ustrace\n  \
@@ -230,6 +256,10 @@ fn main() -> ExitCode {
             Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),
             Err(e) => Err(e),
         },
+        Command::Report(args) => report::run(args),
+        Command::Stream(args) => stream::run(args),
+        Command::Export(args) => export::run(args),
+        Command::Flamegraph(args) => flamegraph::run(args),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "ustrace", &mut out);
