@@ -86,6 +86,12 @@ impl Options {
         bit(name).is_some_and(|b| self.bits.load(Ordering::Relaxed) & b != 0)
     }
 
+    /// Whether the option whose [`bit`] is `bit` is on: one load, for hot paths.
+    #[inline]
+    pub fn has_bit(&self, bit: u64) -> bool {
+        self.bits.load(Ordering::Relaxed) & bit != 0
+    }
+
     /// Turns option `name` on or off; `false` when there is no such option.
     pub fn set(&self, name: &str, on: bool) -> bool {
         let Some(b) = bit(name) else { return false };

@@ -18,6 +18,7 @@
 //! Errors are the kernel's errno for the same mistake.
 
 pub mod files;
+pub mod fnprof;
 pub mod pipe;
 
 use std::sync::Arc;
@@ -70,6 +71,7 @@ const TOP_FILES: &[(&str, u32)] = &[
     ("available_filter_functions", 0o440),
     ("dynamic_events", 0o640),
     ("enabled_functions", 0o440),
+    ("function_profile_enabled", fnprof::ENABLED_MODE),
     ("saved_cmdlines", 0o440),
     ("saved_cmdlines_size", 0o640),
     ("saved_tgids", 0o440),
@@ -103,6 +105,7 @@ enum Dir {
     PerCpu(Arc<Instance>),
     Cpu,
     Options,
+    TraceStat(Arc<Instance>),
 }
 
 enum File {
@@ -120,6 +123,7 @@ enum File {
     EventId(Arc<EventFile>),
     Cpu(Arc<Instance>, usize, &'static str),
     Option(Arc<Instance>, &'static str),
+    TraceStat(usize),
 }
 
 fn components(path: &str) -> Result<Vec<&str>, Errno> {
@@ -233,6 +237,10 @@ fn resolve_in(instance: Arc<Instance>, parts: &[&str], top: bool) -> Result<Node
             }
         }
         ["options"] => Node::Dir(Dir::Options),
+        ["trace_stat"] if top => Node::Dir(Dir::TraceStat(instance)),
+        ["trace_stat", name] if top => Node::File(File::TraceStat(
+            fnprof::stat_cpu(&instance, name).ok_or(Errno::ENOENT)?,
+        )),
         ["options", name] => {
             let name = OPTIONS
                 .iter()
@@ -269,7 +277,11 @@ fn mode_of(file: &File) -> u32 {
             .iter()
             .find(|(n, _)| n == name)
             .map_or(0o440, |(_, m)| *m),
-        File::HeaderPage | File::HeaderEvent | File::EventFormat(_) | File::EventId(_) => 0o440,
+        File::HeaderPage
+        | File::HeaderEvent
+        | File::EventFormat(_)
+        | File::EventId(_)
+        | File::TraceStat(_) => 0o440,
         _ => 0o640,
     }
 }
@@ -280,7 +292,12 @@ fn dir_mode(dir: &Dir) -> u32 {
     match dir {
         Dir::Root(instance) if instance.name.is_empty() => 0o700,
         Dir::Events(_) | Dir::System(..) | Dir::Event(_) => 0o755,
-        Dir::Root(_) | Dir::Instances | Dir::PerCpu(_) | Dir::Cpu | Dir::Options => 0o750,
+        Dir::Root(_)
+        | Dir::Instances
+        | Dir::PerCpu(_)
+        | Dir::Cpu
+        | Dir::Options
+        | Dir::TraceStat(_) => 0o750,
     }
 }
 
@@ -325,6 +342,7 @@ impl FileSystem for TraceFs {
                 }
                 if top {
                     entries.push(dir_entry("instances"));
+                    entries.push(dir_entry("trace_stat"));
                 }
             }
             Dir::Events(instance) => {
@@ -372,6 +390,7 @@ impl FileSystem for TraceFs {
             }
             Dir::Cpu => entries.extend(CPU_FILES.iter().map(|(n, _)| file(n))),
             Dir::Options => entries.extend(OPTIONS.iter().map(|(n, _)| file(n))),
+            Dir::TraceStat(top) => entries.extend(fnprof::stat_names(&top).iter().map(|n| file(n))),
         }
         Ok(entries)
     }
@@ -518,6 +537,7 @@ fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
             }),
         ),
         File::Cpu(instance, cpu, name) => open_cpu_file(instance, cpu, name, flags),
+        File::TraceStat(cpu) => fnprof::open_stat(cpu),
     }
 }
 
@@ -573,6 +593,7 @@ fn open_instance_file(
             text(ustrace_inspect::symbols::inventory().available_filter_functions())
         }
         "enabled_functions" => text(ustrace_fprobe::enabled_functions()),
+        "function_profile_enabled" => fnprof::open_enabled(instance),
         "dynamic_events" => crate::dynevent::open(flags),
         "synthetic_events" => crate::synth::open(flags),
         "available_tracers" => text("nop\n"),
