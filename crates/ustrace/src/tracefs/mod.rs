@@ -62,6 +62,8 @@ const INSTANCE_FILES: &[(&str, u32)] = &[
     ("trace_pipe", 0o440),
     ("tracing_on", 0o640),
     ("tracing_cpumask", 0o640),
+    ("set_ftrace_filter", 0o640),
+    ("set_ftrace_notrace", 0o640),
 ];
 
 /// Files only the top-level directory has.
@@ -76,6 +78,8 @@ const TOP_FILES: &[(&str, u32)] = &[
     ("saved_cmdlines_size", 0o640),
     ("saved_tgids", 0o440),
     ("synthetic_events", 0o640),
+    ("set_graph_function", 0o640),
+    ("set_graph_notrace", 0o640),
 ];
 
 const CPU_FILES: &[(&str, u32)] = &[
@@ -605,6 +609,10 @@ fn open_instance_file(
             }),
         ),
         "saved_cmdlines" => text(crate::thread::saved_cmdlines()),
+        name if crate::ftrace::filter::SetKind::from_file_name(name).is_some() => {
+            let kind = crate::ftrace::filter::SetKind::from_file_name(name).expect("checked");
+            Ok(crate::ftrace::filter::open(instance, kind, flags))
+        }
         "saved_tgids" => text(crate::options::saved_tgids()),
         "saved_cmdlines_size" => rw(
             format!("{}\n", crate::thread::saved_cmdlines_size()),
