@@ -174,7 +174,7 @@ fn counts_equal_the_calls_made_in_rust_and_per_cpu_files_sum_to_them() {
             let name = words.next().unwrap().to_string();
             let hits: u64 = words.next().unwrap().parse().unwrap();
             *total.entry(name).or_default() += hits;
-            assert!(line.ends_with(" us "), "{line:?}");
+            assert!(line.trim_end().ends_with(" us"), "{line:?}");
         }
     }
     assert_eq!(total.get("fnprof_rust_twice"), Some(&5000));
@@ -252,4 +252,42 @@ fn counts_stay_exact_with_more_threads_than_cpus() {
     assert_eq!(stat("fnprof_rust_twice").unwrap().hits, made);
     assert_eq!(stat("fnprof_rust_work").unwrap().hits, 2 * made);
     eprintln!("{threads} threads, {made} calls");
+}
+
+#[test]
+fn function_profile_enabled_follows_set_ftrace_filter() {
+    let _g = serial();
+    common::write("set_ftrace_filter", "fnprof_rust_*").unwrap();
+    common::write("set_ftrace_notrace", "fnprof_rust_work").unwrap();
+    assert_eq!(common::read("function_profile_enabled").unwrap(), "0\n");
+    assert_eq!(
+        common::write("function_profile_enabled", "x\n"),
+        Err(ustrace::Errno::EINVAL)
+    );
+    common::write("function_profile_enabled", "1\n").unwrap();
+    assert_eq!(common::read("function_profile_enabled").unwrap(), "1\n");
+    // Writing 1 over 1 changes nothing (the counts go on).
+    fnprof_rust_twice(1);
+    common::write("function_profile_enabled", "1").unwrap();
+    for i in 0..99 {
+        fnprof_rust_twice(i);
+    }
+    common::write("function_profile_enabled", "0").unwrap();
+    assert_eq!(common::read("function_profile_enabled").unwrap(), "0\n");
+    assert_eq!(stat("fnprof_rust_twice").unwrap().hits, 100);
+    assert!(stat("fnprof_rust_work").is_none(), "in set_ftrace_notrace");
+    let listed: u64 = (0..profile::current().unwrap().cpus())
+        .map(|cpu| common::read(&format!("trace_stat/function{cpu}")).unwrap())
+        .flat_map(|t| {
+            t.lines()
+                .filter(|l| l.trim_start().starts_with("fnprof_rust_twice "))
+                .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    assert_eq!(listed, 100);
+    assert!(common::read("trace_stat/function999").is_err());
+    assert!(common::read("instances/x/function_profile_enabled").is_err());
+    common::write("set_ftrace_filter", "").unwrap();
+    common::write("set_ftrace_notrace", "").unwrap();
 }

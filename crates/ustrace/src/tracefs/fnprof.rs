@@ -6,6 +6,7 @@ use std::sync::Arc;
 use ustrace_ctl::vfs::{Errno, OpenFile};
 
 use super::files::{parse_ulong, TextFile};
+use crate::ftrace::filter::{selected, SetKind};
 use crate::ftrace::profile;
 use crate::trace::Instance;
 
@@ -31,14 +32,32 @@ pub(super) fn stat_cpu(top: &Instance, name: &str) -> Option<usize> {
         .filter(|&cpu| cpu < top.buffer().nr_cpus() && digits == cpu.to_string())
 }
 
-/// The functions the profiler patches: what `set_ftrace_filter` minus `set_ftrace_notrace`
-/// select, every function when the filter is empty.
-fn selected_functions() -> Vec<(usize, String)> {
+/// The functions the profiler patches: what the top instance's `set_ftrace_filter` minus
+/// its `set_ftrace_notrace` select, every function when the filter is empty (the kernel's
+/// profiler takes the global filter). The sets are read when the profiler is turned on.
+fn selected_functions(top: &Arc<Instance>) -> Vec<(usize, String)> {
     let inv = ustrace_inspect::symbols::inventory();
-    inv.functions()
-        .iter()
-        .map(|s| (s.addr, s.name.clone()))
-        .collect()
+    let filter = selected(top, SetKind::Filter);
+    let notrace = selected(top, SetKind::Notrace);
+    let mut out: Vec<(usize, String)> = Vec::new();
+    let mut add = |addr: usize, name: &str| {
+        if !notrace.contains(addr) && out.last().is_none_or(|l| l.0 != addr) {
+            out.push((addr, name.to_string()));
+        }
+    };
+    if filter.is_empty() {
+        for s in inv.functions() {
+            add(s.addr, &s.name);
+        }
+    } else {
+        for addr in filter.iter() {
+            match inv.lookup(addr) {
+                Some((s, _)) => add(addr, &s.name),
+                None => add(addr, &format!("{addr:#x}")),
+            }
+        }
+    }
+    out
 }
 
 /// Turns the profiler on or off as a write of `function_profile_enabled` does: any non-zero
@@ -57,7 +76,7 @@ pub fn set_enabled(top: &Arc<Instance>, on: bool) -> Result<(), Errno> {
         Some(bit) => Arc::new(move || options_of.options.has_bit(bit)),
         None => Arc::new(|| true),
     };
-    match profile::start(selected_functions(), top.buffer().nr_cpus(), graph_time) {
+    match profile::start(selected_functions(top), top.buffer().nr_cpus(), graph_time) {
         Ok(()) => Ok(()),
         Err(profile::Error::NoFunction) => Err(Errno::ENODEV),
         Err(profile::Error::Fprobe(ustrace_fprobe::Error::Unsupported(_))) => Err(Errno::ENODEV),
