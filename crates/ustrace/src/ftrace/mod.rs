@@ -15,6 +15,7 @@
 //! The state of an instance lives here, beside the instance (looked up by its address), so
 //! the instance itself knows nothing of function tracing.
 
+pub mod commands;
 pub mod filter;
 pub mod profile;
 
@@ -38,6 +39,7 @@ fn states() -> &'static StateMap {
 
 /// The function-tracing state of `instance`, made on first use.
 pub(crate) fn state(instance: &Arc<Instance>) -> Arc<State> {
+    commands::init();
     let key = Arc::as_ptr(instance) as usize;
     let mut map = states().lock().unwrap_or_else(|e| e.into_inner());
     if let Some((weak, state)) = map.get(&key) {
