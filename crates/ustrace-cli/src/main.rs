@@ -2,7 +2,7 @@
 //!
 //! `demo` and `bench` run in this process on the built-in workload; the other verbs reach a
 //! running process's tracefs over its control socket (`ps`, `cat`, `write`, `ls`, `pipe`,
-//! `hist`) or a FUSE mount (`mount`).
+//! `hist`, `top`) or a FUSE mount (`mount`).
 
 /// `println!` for what the verbs print: a reader that went away (`ustrace demo | head`) ends
 /// the process quietly and successfully, where `println!` would panic on the broken pipe.
@@ -31,6 +31,7 @@ mod demo;
 mod hist;
 mod mount;
 mod remote;
+mod top;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
@@ -99,6 +100,17 @@ enum Command {
                             ustrace hist --tracefs /sys/kernel/tracing kmem:kmalloc\n  \
                             ustrace hist --file saved.hist --value bytes_req")]
     Hist(hist::HistArgs),
+    /// Show a running process's function profile live, sorted by total time.
+    #[command(
+        after_help = "Examples:\n  ustrace top -p 1234                 (every function the filter selects)\n  \
+                            ustrace top -p 1234 -F 'kv_*'\n  \
+                            ustrace top -p 1234 --once -F 'kv_*'   (one plain table)\n  \
+                            ustrace top -p 1234 -n 5 -d 0.5\n\
+                            It turns function_profile_enabled on, reads trace_stat/function<cpu> \
+                            each refresh, and turns the profiler (and a -F filter) off again at \
+                            the end or on Ctrl-C."
+    )]
+    Top(top::TopArgs),
     /// Mount a running process's tracefs on a directory until interrupted.
     #[command(after_help = "Examples:\n  ustrace mount -p 1234 /mnt/t &\n  \
                             echo 1 > /mnt/t/events/kv/enable\n  cat /mnt/t/trace\n  \
@@ -214,6 +226,7 @@ fn main() -> ExitCode {
         Command::Ls(args) => remote::ls(args),
         Command::Pipe(args) => remote::pipe(args),
         Command::Hist(args) => hist::run(args),
+        Command::Top(args) => top::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Completions { shell } => {
             let mut out = Vec::new();

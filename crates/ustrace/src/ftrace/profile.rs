@@ -319,43 +319,72 @@ pub fn start(
     if st.probe.is_some() {
         return Ok(());
     }
-    let funcs: Vec<(usize, String)> = funcs
-        .into_iter()
-        .filter(|(addr, _)| ustrace_fprobe::check_patchable(*addr).is_none())
-        .collect();
-    if funcs.is_empty() {
-        return Err(Error::NoFunction);
-    }
     let mut funcs = funcs;
-    // `check_patchable` judges a probe without an exit; the few functions refused only to
-    // probes that hook the return (setjmp and kin) come back one by one from the strict
-    // registration, named by address.
+    let mut checked = false;
+    // A strict registration by address refuses everything when one function cannot be
+    // patched. The first attempt analyses (and caches) every site; after a refusal the
+    // cheap, cached `check_patchable` drops the unpatchable ones, and the few refused only
+    // to probes that hook the return (setjmp and kin) come back one by one, by address.
     for _ in 0..64 {
+        if funcs.is_empty() {
+            return Err(Error::NoFunction);
+        }
         let profile = Arc::new(Profile::new(funcs.clone(), cpus.max(1), graph_time.clone()));
-        let (on_entry, on_exit) = (profile.clone(), profile.clone());
-        match Fprobe::builder()
-            .entry_handler(move |_, ip, _, _, data| on_entry.enter(ip, data))
-            .exit_handler(move |_, ip, _, _, data| on_exit.exit(ip, data))
-            .entry_data_size(16)
-            .register_ips(&profile.addrs)
-        {
+        match builder(&profile).register_ips(&profile.addrs) {
             Ok(probe) => {
                 st.profile = Some(profile);
                 st.probe = Some(probe);
                 return Ok(());
             }
             Err(ustrace_fprobe::Error::Refused(why)) => {
+                if !checked {
+                    checked = true;
+                    funcs.retain(|(addr, _)| ustrace_fprobe::check_patchable(*addr).is_none());
+                    continue;
+                }
                 let addr = refused_addr(&why)
                     .ok_or_else(|| Error::Fprobe(ustrace_fprobe::Error::Refused(why.clone())))?;
                 funcs.retain(|f| f.0 != addr);
-                if funcs.is_empty() {
-                    return Err(Error::NoFunction);
-                }
             }
             Err(e) => return Err(Error::Fprobe(e)),
         }
     }
     Err(Error::NoFunction)
+}
+
+/// [`start`] over every function of the process (an empty `set_ftrace_filter`): one
+/// registration by the glob `*`, which skips what cannot be patched without analysing
+/// anything twice. `funcs` (every function, minus `set_ftrace_notrace`) is what is counted;
+/// hits on the others stop in the table lookup.
+pub fn start_all(
+    funcs: Vec<(usize, String)>,
+    cpus: usize,
+    graph_time: Arc<dyn Fn() -> bool + Send + Sync>,
+) -> Result<(), Error> {
+    let mut st = state();
+    if st.probe.is_some() {
+        return Ok(());
+    }
+    if funcs.is_empty() {
+        return Err(Error::NoFunction);
+    }
+    let profile = Arc::new(Profile::new(funcs, cpus.max(1), graph_time));
+    let probe = builder(&profile).register("*", None).map_err(|e| match e {
+        ustrace_fprobe::Error::NoMatch(_) | ustrace_fprobe::Error::Refused(_) => Error::NoFunction,
+        e => Error::Fprobe(e),
+    })?;
+    st.profile = Some(profile);
+    st.probe = Some(probe);
+    Ok(())
+}
+
+/// The fprobe of a profile: entry counts and stamps, exit adds the duration.
+fn builder(profile: &Arc<Profile>) -> ustrace_fprobe::FprobeBuilder {
+    let (on_entry, on_exit) = (profile.clone(), profile.clone());
+    Fprobe::builder()
+        .entry_handler(move |_, ip, _, _, data| on_entry.enter(ip, data))
+        .exit_handler(move |_, ip, _, _, data| on_exit.exit(ip, data))
+        .entry_data_size(16)
 }
 
 /// The address in a strict registration's refusal, `NAME (0xADDR): reason`.

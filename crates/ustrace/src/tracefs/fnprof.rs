@@ -35,7 +35,8 @@ pub(super) fn stat_cpu(top: &Instance, name: &str) -> Option<usize> {
 /// The functions the profiler patches: what the top instance's `set_ftrace_filter` minus
 /// its `set_ftrace_notrace` select, every function when the filter is empty (the kernel's
 /// profiler takes the global filter). The sets are read when the profiler is turned on.
-fn selected_functions(top: &Arc<Instance>) -> Vec<(usize, String)> {
+/// The first value says whether the filter is empty (every function).
+fn selected_functions(top: &Arc<Instance>) -> (bool, Vec<(usize, String)>) {
     let inv = ustrace_inspect::symbols::inventory();
     let filter = selected(top, SetKind::Filter);
     let notrace = selected(top, SetKind::Notrace);
@@ -57,7 +58,7 @@ fn selected_functions(top: &Arc<Instance>) -> Vec<(usize, String)> {
             }
         }
     }
-    out
+    (filter.is_empty(), out)
 }
 
 /// Turns the profiler on or off as a write of `function_profile_enabled` does: any non-zero
@@ -76,7 +77,14 @@ pub fn set_enabled(top: &Arc<Instance>, on: bool) -> Result<(), Errno> {
         Some(bit) => Arc::new(move || options_of.options.has_bit(bit)),
         None => Arc::new(|| true),
     };
-    match profile::start(selected_functions(top), top.buffer().nr_cpus(), graph_time) {
+    let (all, funcs) = selected_functions(top);
+    let cpus = top.buffer().nr_cpus();
+    let started = if all {
+        profile::start_all(funcs, cpus, graph_time)
+    } else {
+        profile::start(funcs, cpus, graph_time)
+    };
+    match started {
         Ok(()) => Ok(()),
         Err(profile::Error::NoFunction) => Err(Errno::ENODEV),
         Err(profile::Error::Fprobe(ustrace_fprobe::Error::Unsupported(_))) => Err(Errno::ENODEV),
