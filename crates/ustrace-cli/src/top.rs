@@ -160,7 +160,7 @@ pub fn render(
 ) -> String {
     let total_hits: u64 = rows.iter().map(|r| r.hits).sum();
     let mut out = format!(
-        "ustrace top: pid {pid}, {} functions hit, {total_hits} calls\n",
+        "ustrace top: pid {pid}, functions hit: {}, calls: {total_hits}\n",
         rows.len()
     );
     out.push_str(&format!(
@@ -399,7 +399,7 @@ mod tests {
         let t = render(7, &rows, &previous, Duration::from_secs(2), Some(1));
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert!(lines[0].starts_with("ustrace top: pid 7, 2 functions hit, 4 calls"));
+        assert_eq!(lines[0], "ustrace top: pid 7, functions hit: 2, calls: 4");
         assert!(lines[1].contains("HITS/s"));
         assert_eq!(
             lines[2],

@@ -85,6 +85,7 @@ fn once_prints_the_profile_and_leaves_the_process_as_found() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
+    eprintln!("{text}");
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with(&format!("ustrace top: pid {}", std::process::id())));
     assert_eq!(

@@ -137,6 +137,23 @@ fn counts_equal_the_calls_made_in_c() {
     // Calls after stop are not counted; the numbers stay readable.
     mid(1);
     assert_eq!(stat("fp_mid").unwrap().hits, 1000);
+
+    // graph-time off: a function's own time, its profiled callees' taken out. fp_mid does
+    // little but call two leaves, so its own time is well below theirs.
+    profile::start(functions("fp_*"), cpus(), Arc::new(|| false)).unwrap();
+    for i in 0..1000 {
+        mid(i);
+    }
+    profile::stop().unwrap();
+    let m = stat("fp_mid").unwrap();
+    let l = stat("fp_leaf").unwrap();
+    assert_eq!((m.hits, l.hits), (1000, 2000));
+    assert!(
+        m.time < l.time,
+        "own time of fp_mid {} ns, leaves {} ns",
+        m.time,
+        l.time
+    );
 }
 
 #[test]

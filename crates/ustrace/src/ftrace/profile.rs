@@ -319,6 +319,8 @@ pub fn start(
     if st.probe.is_some() {
         return Ok(());
     }
+    // The TSC's scale, so the handlers read the clock without a system call.
+    clock::init();
     let mut funcs = funcs;
     let mut checked = false;
     // A strict registration by address refuses everything when one function cannot be
@@ -368,6 +370,7 @@ pub fn start_all(
     if funcs.is_empty() {
         return Err(Error::NoFunction);
     }
+    clock::init();
     let profile = Arc::new(Profile::new(funcs, cpus.max(1), graph_time));
     let probe = builder(&profile).register("*", None).map_err(|e| match e {
         ustrace_fprobe::Error::NoMatch(_) | ustrace_fprobe::Error::Refused(_) => Error::NoFunction,
