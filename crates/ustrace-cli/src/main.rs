@@ -101,15 +101,14 @@ enum Command {
                             ustrace hist --file saved.hist --value bytes_req")]
     Hist(hist::HistArgs),
     /// Show a running process's function profile live, sorted by total time.
-    #[command(
-        after_help = "Examples:\n  ustrace top -p 1234                 (every function the filter selects)\n  \
-                            ustrace top -p 1234 -F 'kv_*'\n  \
+    #[command(after_help = "Examples:\n  ustrace top -p 1234 -F 'kv_*'\n  \
+                            ustrace top -p 1234                 (the functions set_ftrace_filter names)\n  \
+                            ustrace top -p 1234 --all           (every function, when the filter is empty)\n  \
                             ustrace top -p 1234 --once -F 'kv_*'   (one plain table)\n  \
                             ustrace top -p 1234 -n 5 -d 0.5\n\
                             It turns function_profile_enabled on, reads trace_stat/function<cpu> \
                             each refresh, and turns the profiler (and a -F filter) off again at \
-                            the end or on Ctrl-C."
-    )]
+                            the end or on Ctrl-C.")]
     Top(top::TopArgs),
     /// Mount a running process's tracefs on a directory until interrupted.
     #[command(after_help = "Examples:\n  ustrace mount -p 1234 /mnt/t &\n  \

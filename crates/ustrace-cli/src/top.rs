@@ -1,7 +1,8 @@
 //! `ustrace top -p PID`: the function profiler of a running process, live.
 //!
 //! Over the process's control socket it turns `function_profile_enabled` on (after
-//! `set_ftrace_filter` when `-F` names functions), reads every `trace_stat/function<cpu>`
+//! `set_ftrace_filter` when `-F` names functions; an empty filter, every function, only
+//! with `--all`), reads every `trace_stat/function<cpu>`
 //! each interval, merges the CPUs and prints one table sorted by total time, like `perf top`
 //! or `uftrace live`. On a terminal the table is redrawn in place; otherwise (or with
 //! `--once`/`-n`) each refresh is printed after the previous one. Ctrl-C (or SIGTERM, SIGHUP)
@@ -32,6 +33,10 @@ pub struct TopArgs {
     /// must be empty, and emptied again at the end); default: what the filter selects now.
     #[arg(short = 'F', long = "filter", value_name = "GLOB")]
     pub filter: Option<String>,
+    /// Profile every function of the process when `set_ftrace_filter` is empty (without
+    /// it, `top` asks for `-F` or a filter rather than patch the whole program).
+    #[arg(long, conflicts_with = "filter")]
+    pub all: bool,
     /// Show at most this many functions (default: what fits the terminal, else all).
     #[arg(short, long, value_name = "N")]
     pub lines: Option<usize>,
@@ -294,12 +299,16 @@ pub fn run(args: TopArgs) -> Result<(), String> {
         profiler: false,
         filter: false,
     };
+    let current = client
+        .read_file("set_ftrace_filter")
+        .map_err(|e| failed("set_ftrace_filter", e))?;
+    // Functions are listed first; command lines (`FUNC:traceon:...`) and `:mod:` words
+    // have a colon, the "all functions" line a leading `#`.
+    let filtered = String::from_utf8_lossy(&current)
+        .lines()
+        .any(|l| !l.starts_with('#') && !l.contains(':'));
     if let Some(glob) = &args.filter {
-        let current = client
-            .read_file("set_ftrace_filter")
-            .map_err(|e| failed("set_ftrace_filter", e))?;
-        let current = String::from_utf8_lossy(&current);
-        if current.lines().any(|l| !l.starts_with('#')) {
+        if filtered {
             return Err(
                 "set_ftrace_filter already names functions: clear it, or run without -F".into(),
             );
@@ -308,6 +317,12 @@ pub fn run(args: TopArgs) -> Result<(), String> {
             .write_file("set_ftrace_filter", format!("{glob}\n").as_bytes(), false)
             .map_err(|e| failed("set_ftrace_filter", e))?;
         undo.filter = true;
+    } else if !filtered && !args.all {
+        return Err(
+            "set_ftrace_filter is empty, which profiles every function of the process: \
+             name some with -F GLOB, or pass --all"
+                .into(),
+        );
     }
     let was_on = client
         .read_file("function_profile_enabled")

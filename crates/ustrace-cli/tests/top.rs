@@ -152,6 +152,33 @@ fn ctrl_c_turns_the_profiler_off_again() {
 }
 
 #[test]
+fn an_empty_filter_needs_all() {
+    let _g = serial();
+    let out = top().args(["--once"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-F GLOB, or pass --all"));
+    assert_eq!(read("function_profile_enabled"), "0\n");
+    // A filter set beforehand is used as it is, and kept.
+    ustrace::tracefs()
+        .write_file("set_ftrace_filter", "fntop_work\n")
+        .unwrap();
+    let worker = Worker::start();
+    let out = top().args(["--once", "-d", "0.3"]).output().unwrap();
+    drop(worker);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("  fntop_work"));
+    assert_eq!(read("set_ftrace_filter"), "fntop_work\n");
+    assert_eq!(read("function_profile_enabled"), "0\n");
+    ustrace::tracefs()
+        .write_file("set_ftrace_filter", "")
+        .unwrap();
+}
+
+#[test]
 fn a_filter_already_set_is_not_overwritten() {
     let _g = serial();
     ustrace::tracefs()
