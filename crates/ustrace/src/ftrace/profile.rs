@@ -7,7 +7,8 @@
 //!
 //! ```text
 //!   patched fn ── fprobe entry ── index = binary search of entry_ip in `addrs`
-//!        │                        rows[cpu][index].hits += 1; entry_data = (now, child time)
+//!        │                        rows[cpu][index].hits += 1; entry_data = (index, child
+//!        │                        time, now)
 //!        ▼
 //!   return ───── fprobe exit ──── d = now - start (minus callees' time when graph-time off)
 //!                                 rows[cpu][index].time += d, .time_sq += d*d
@@ -121,34 +122,40 @@ impl Profile {
         }
     }
 
+    /// The row of function `index` on the calling thread's CPU.
     #[inline]
-    fn row(&self, ip: usize) -> Option<&Row> {
-        let index = self.addrs.binary_search(&ip).ok()?;
+    fn row(&self, index: usize) -> Option<&Row> {
         let cpu = ustrace_ringbuf::cpu::current_cpu();
         // A CPU beyond the table (hot-plugged later) shares the last CPU's rows.
         let cpu = cpu.min(self.cpus - 1);
         self.rows.get(cpu * self.addrs.len() + index)
     }
 
-    /// Entry: count the hit and remember the start (and the callees' time so far).
+    /// Entry: count the hit and remember the function, the start and the callees' time so
+    /// far (`entry_data`: index, start, outer callees' time).
     #[inline]
     fn enter(&self, ip: usize, data: &mut [u8]) -> EntryAction {
-        let Some(row) = self.row(ip) else {
+        let Ok(index) = self.addrs.binary_search(&ip) else {
+            return EntryAction::SkipExit;
+        };
+        let Some(row) = self.row(index) else {
             return EntryAction::SkipExit;
         };
         row.hits.fetch_add(1, Ordering::Relaxed);
         let outer = CHILD_TIME.with(|c| c.replace(0));
-        data[..8].copy_from_slice(&clock::now(Clock::Local).to_ne_bytes());
+        data[..8].copy_from_slice(&(index as u64).to_ne_bytes());
         data[8..16].copy_from_slice(&outer.to_ne_bytes());
+        data[16..24].copy_from_slice(&clock::now(Clock::Local).to_ne_bytes());
         EntryAction::Continue
     }
 
-    /// Exit: add the call's duration (its own part when `graph-time` is off).
+    /// Exit: add the call's duration (its own part when `graph-time` is off) on the CPU
+    /// that sees the return.
     #[inline]
-    fn exit(&self, ip: usize, data: &[u8]) {
+    fn exit(&self, data: &[u8]) {
         let now = clock::now(Clock::Local);
-        let start = u64::from_ne_bytes(data[..8].try_into().unwrap_or_default());
-        let outer = u64::from_ne_bytes(data[8..16].try_into().unwrap_or_default());
+        let word = |at: usize| u64::from_ne_bytes(data[at..at + 8].try_into().unwrap_or_default());
+        let (index, outer, start) = (word(0) as usize, word(8), word(16));
         let total = now.saturating_sub(start);
         let callees = CHILD_TIME.with(|c| c.replace(outer.saturating_add(total)));
         let d = if (self.graph_time)() {
@@ -156,7 +163,7 @@ impl Profile {
         } else {
             total.saturating_sub(callees)
         };
-        if let Some(row) = self.row(ip) {
+        if let Some(row) = self.row(index) {
             row.time.fetch_add(d, Ordering::Relaxed);
             row.time_sq.fetch_add(d.wrapping_mul(d), Ordering::Relaxed);
         }
@@ -386,8 +393,8 @@ fn builder(profile: &Arc<Profile>) -> ustrace_fprobe::FprobeBuilder {
     let (on_entry, on_exit) = (profile.clone(), profile.clone());
     Fprobe::builder()
         .entry_handler(move |_, ip, _, _, data| on_entry.enter(ip, data))
-        .exit_handler(move |_, ip, _, _, data| on_exit.exit(ip, data))
-        .entry_data_size(16)
+        .exit_handler(move |_, _, _, _, data| on_exit.exit(data))
+        .entry_data_size(24)
 }
 
 /// The address in a strict registration's refusal, `NAME (0xADDR): reason`.
