@@ -161,7 +161,7 @@ fn counts_equal_the_calls_made_in_c() {
     assert_eq!(ustrace_fprobe::check_patchable(sym(lib, "fp_outer")), None);
     assert_eq!(ustrace_fprobe::check_patchable(sym(lib, "fp_heavy")), None);
     assert_eq!(functions("fp_outer").len(), 1);
-    let mut own = |graph_time: bool| {
+    let own = |graph_time: bool| {
         profile::start(functions("fp_*"), cpus(), Arc::new(move || graph_time)).unwrap();
         for _ in 0..100 {
             outer(100_000);
