@@ -20,8 +20,8 @@
 //! - `block` is not offered: on the kernel it only makes `poll` on `trace_pipe` report data
 //!   (a non-blocking read still fails with `EAGAIN`), and none of our doors to the tracefs
 //!   (in-process, control socket, FUSE) has `poll`.
-//! - `print-parent` is not offered: it only changes the function tracer's lines, and there is
-//!   no function tracer here (`current_tracer` is always `nop`).
+//! - `print-parent`, `func_stack_trace` and `funcgraph-*` shape the function tracers'
+//!   records and lines (`crate::ftrace`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -50,6 +50,16 @@ pub const OPTIONS: &[(&str, bool)] = &[
     ("pause-on-trace", false),
     ("hash-ptr", true),
     ("stacktrace", false),
+    // The function tracers' (`crate::ftrace`).
+    ("print-parent", true),
+    ("func_stack_trace", false),
+    ("funcgraph-overrun", false),
+    ("funcgraph-cpu", true),
+    ("funcgraph-overhead", true),
+    ("funcgraph-proc", false),
+    ("funcgraph-duration", true),
+    ("funcgraph-abstime", false),
+    ("funcgraph-tail", false),
 ];
 
 /// Looks an option's bit up by name.

@@ -322,6 +322,7 @@ pub fn set(instance: &Arc<Instance>, kind: SetKind, set: FunctionSet) {
 }
 
 fn notify(instance: &Arc<Instance>, sets: &Sets, kind: SetKind) {
+    super::tracer::sets_changed(instance, kind);
     let listeners: Vec<Listener> = sets
         .listeners
         .lock()

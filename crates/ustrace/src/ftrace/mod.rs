@@ -16,8 +16,12 @@
 //! the instance itself knows nothing of function tracing.
 
 pub mod commands;
+pub mod events;
+pub mod files;
 pub mod filter;
+pub mod output;
 pub mod profile;
+pub mod tracer;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -28,6 +32,10 @@ use crate::trace::Instance;
 pub struct State {
     /// The four function sets.
     pub(crate) sets: Arc<filter::Sets>,
+    /// The tracer and what its handlers read.
+    pub(crate) tracer: tracer::TracerState,
+    /// The graph printer's memory between `trace_pipe` reads.
+    pub(crate) pipe_printer: output::PipeState,
 }
 
 type StateMap = Mutex<HashMap<usize, (Weak<Instance>, Arc<State>)>>;
@@ -51,7 +59,31 @@ pub(crate) fn state(instance: &Arc<Instance>) -> Arc<State> {
     map.retain(|_, (weak, _)| weak.strong_count() > 0);
     let state = Arc::new(State {
         sets: Arc::new(filter::Sets::default()),
+        tracer: tracer::TracerState::default(),
+        pipe_printer: Default::default(),
     });
     map.insert(key, (Arc::downgrade(instance), state.clone()));
     state
+}
+
+/// An option the function tracers' handlers read changed on `instance`.
+pub(crate) fn option_changed(instance: &Instance, name: &str, on: bool) {
+    let Some(arc) = output::find_arc(instance) else {
+        return;
+    };
+    let bit = match name {
+        "func_stack_trace" => tracer::opt::STACK,
+        _ => return,
+    };
+    let st = state(&arc);
+    if on {
+        st.tracer
+            .options
+            .fetch_or(bit, std::sync::atomic::Ordering::Relaxed);
+    } else {
+        st.tracer
+            .options
+            .fetch_and(!bit, std::sync::atomic::Ordering::Relaxed);
+    }
+    tracer::republish_all(&arc);
 }

@@ -64,6 +64,8 @@ const INSTANCE_FILES: &[(&str, u32)] = &[
     ("tracing_cpumask", 0o640),
     ("set_ftrace_filter", 0o640),
     ("set_ftrace_notrace", 0o640),
+    ("set_ftrace_pid", 0o640),
+    ("set_ftrace_notrace_pid", 0o640),
 ];
 
 /// Files only the top-level directory has.
@@ -80,6 +82,9 @@ const TOP_FILES: &[(&str, u32)] = &[
     ("synthetic_events", 0o640),
     ("set_graph_function", 0o640),
     ("set_graph_notrace", 0o640),
+    ("max_graph_depth", 0o640),
+    ("tracing_thresh", 0o640),
+    ("unpatchable_functions", 0o440),
 ];
 
 const CPU_FILES: &[(&str, u32)] = &[
@@ -557,6 +562,7 @@ fn set_option(instance: &Instance, name: &str, on: bool) {
             .store(on, std::sync::atomic::Ordering::Relaxed),
         "stacktrace" | "userstacktrace" => instance.apply_stack_options(),
         "record-tgid" if on => crate::options::keep_tgids(),
+        "func_stack_trace" => crate::ftrace::option_changed(instance, name, on),
         _ => {}
     }
 }
@@ -590,6 +596,9 @@ fn open_instance_file(
     name: &'static str,
     flags: OpenFlags,
 ) -> Result<Box<dyn OpenFile>, Errno> {
+    if let Some(file) = crate::ftrace::files::open(instance.clone(), name, flags) {
+        return file;
+    }
     match name {
         "README" => text(README),
         "available_events" => text(registry().available_events()),
@@ -600,14 +609,6 @@ fn open_instance_file(
         "function_profile_enabled" => fnprof::open_enabled(instance),
         "dynamic_events" => crate::dynevent::open(flags),
         "synthetic_events" => crate::synth::open(flags),
-        "available_tracers" => text("nop\n"),
-        "current_tracer" => rw(
-            "nop\n",
-            Box::new(|data| match text_arg(data)? {
-                "nop" | "" => Ok(data.len()),
-                _ => Err(Errno::EINVAL),
-            }),
-        ),
         "saved_cmdlines" => text(crate::thread::saved_cmdlines()),
         name if crate::ftrace::filter::SetKind::from_file_name(name).is_some() => {
             let kind = crate::ftrace::filter::SetKind::from_file_name(name).expect("checked");
