@@ -21,7 +21,9 @@
 //!   (a non-blocking read still fails with `EAGAIN`), and none of our doors to the tracefs
 //!   (in-process, control socket, FUSE) has `poll`.
 //! - `print-parent`, `func_stack_trace` and `funcgraph-*` shape the function tracers'
-//!   records and lines (`crate::ftrace`).
+//!   records and lines (`crate::ftrace`); `graph-time` is read by the function profiler's
+//!   exit handler (`crate::ftrace::profile`). There is no `sleep-time`: a probe cannot see
+//!   its thread scheduled out without a system call, so the profiler's times include sleep.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -60,6 +62,9 @@ pub const OPTIONS: &[(&str, bool)] = &[
     ("funcgraph-duration", true),
     ("funcgraph-abstime", false),
     ("funcgraph-tail", false),
+    // The function profiler's (`crate::ftrace::profile`): off, a function's time leaves out
+    // its profiled callees'.
+    ("graph-time", true),
 ];
 
 /// Looks an option's bit up by name.

@@ -376,3 +376,43 @@ fn profiled_call_cost() {
         profiled - plain
     );
 }
+
+#[test]
+fn graph_time_option_and_tracing_thresh_shape_the_stat_files() {
+    let _g = serial();
+    let Some(lib) = c_lib() else { return };
+    // SAFETY: signature as in C_SOURCE.
+    let outer: extern "C" fn(u64) -> u64 = unsafe { std::mem::transmute(sym(lib, "fp_outer")) };
+    common::write("set_ftrace_filter", "fp_outer fp_heavy\n").unwrap();
+    assert_eq!(common::read("options/graph-time").unwrap(), "1\n");
+    common::write("options/graph-time", "0").unwrap();
+    common::write("function_profile_enabled", "1").unwrap();
+    for _ in 0..50 {
+        outer(100_000);
+    }
+    common::write("function_profile_enabled", "0").unwrap();
+    common::write("options/graph-time", "1").unwrap();
+    let (o, h) = (stat("fp_outer").unwrap(), stat("fp_heavy").unwrap());
+    assert_eq!((o.hits, h.hits), (50, 100));
+    assert!(
+        o.time * 4 < h.time,
+        "own {} ns, callees {} ns",
+        o.time,
+        h.time
+    );
+
+    // tracing_thresh (µs) leaves out the functions whose average is below it.
+    let listed = |name: &str| {
+        (0..profile::current().unwrap().cpus())
+            .map(|cpu| common::read(&format!("trace_stat/function{cpu}")).unwrap())
+            .any(|t| t.lines().any(|l| l.trim_start().starts_with(name)))
+    };
+    assert!(listed("fp_outer ") && listed("fp_heavy "));
+    let thresh_us = h.avg() / 1000 + 1;
+    common::write("tracing_thresh", &format!("{thresh_us}\n")).unwrap();
+    let heavy_listed = listed("fp_heavy ");
+    common::write("tracing_thresh", "0\n").unwrap();
+    assert!(!heavy_listed, "fp_heavy's average is below the threshold");
+    assert!(listed("fp_heavy "), "listed again without a threshold");
+    common::write("set_ftrace_filter", "").unwrap();
+}

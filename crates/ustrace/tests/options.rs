@@ -680,8 +680,8 @@ fn options_without_a_meaning_here_are_absent() {
         .into_iter()
         .map(|e| e.name)
         .collect();
-    // The 21 general options and the function tracers' 9.
-    assert_eq!(listed.len(), 30, "{listed:?}");
+    // The 21 general options, the function tracers' 9 and the profiler's `graph-time`.
+    assert_eq!(listed.len(), 31, "{listed:?}");
 }
 
 /// Reads pages with libtraceevent: the stack entries' format files (ours) are parsed and

@@ -22,8 +22,8 @@
 //! (function graph configured: hit, time, average and s², durations in µs), largest time
 //! first.
 //!
-//! `graph-time` (when the option exists and is off) reports a function's own time: the time
-//! of profiled callees is subtracted, as the kernel does through its return stack. There is
+//! `graph-time` off reports a function's own time: the time of profiled callees is
+//! subtracted, as the kernel does through its return stack. There is
 //! no `sleep-time` here: a user-space probe cannot see when its thread is scheduled out
 //! without a system call, so times always include sleeping (the kernel's default).
 
@@ -316,56 +316,8 @@ pub fn current() -> Option<Arc<Profile>> {
 
 /// Turns the profiler on over `funcs` (address, name), with fresh counters for `cpus` CPUs.
 /// Does nothing when it is already on (as the kernel's write of 1 over 1). Functions that
-/// cannot be patched are skipped; it fails only when none can be.
+/// cannot be patched are skipped (and never show); it fails only when none can be patched.
 pub fn start(
-    funcs: Vec<(usize, String)>,
-    cpus: usize,
-    graph_time: Arc<dyn Fn() -> bool + Send + Sync>,
-) -> Result<(), Error> {
-    let mut st = state();
-    if st.probe.is_some() {
-        return Ok(());
-    }
-    // The TSC's scale, so the handlers read the clock without a system call.
-    clock::init();
-    let mut funcs = funcs;
-    let mut checked = false;
-    // A strict registration by address refuses everything when one function cannot be
-    // patched. The first attempt analyses (and caches) every site; after a refusal the
-    // cheap, cached `check_patchable` drops the unpatchable ones, and the few refused only
-    // to probes that hook the return (setjmp and kin) come back one by one, by address.
-    for _ in 0..64 {
-        if funcs.is_empty() {
-            return Err(Error::NoFunction);
-        }
-        let profile = Arc::new(Profile::new(funcs.clone(), cpus.max(1), graph_time.clone()));
-        match builder(&profile).register_ips(&profile.addrs) {
-            Ok(probe) => {
-                st.profile = Some(profile);
-                st.probe = Some(probe);
-                return Ok(());
-            }
-            Err(ustrace_fprobe::Error::Refused(why)) => {
-                if !checked {
-                    checked = true;
-                    funcs.retain(|(addr, _)| ustrace_fprobe::check_patchable(*addr).is_none());
-                    continue;
-                }
-                let addr = refused_addr(&why)
-                    .ok_or_else(|| Error::Fprobe(ustrace_fprobe::Error::Refused(why.clone())))?;
-                funcs.retain(|f| f.0 != addr);
-            }
-            Err(e) => return Err(Error::Fprobe(e)),
-        }
-    }
-    Err(Error::NoFunction)
-}
-
-/// [`start`] over every function of the process (an empty `set_ftrace_filter`): one
-/// registration by the glob `*`, which skips what cannot be patched without analysing
-/// anything twice. `funcs` (every function, minus `set_ftrace_notrace`) is what is counted;
-/// hits on the others stop in the table lookup.
-pub fn start_all(
     funcs: Vec<(usize, String)>,
     cpus: usize,
     graph_time: Arc<dyn Fn() -> bool + Send + Sync>,
@@ -377,12 +329,17 @@ pub fn start_all(
     if funcs.is_empty() {
         return Err(Error::NoFunction);
     }
+    // The TSC's scale, so the handlers read the clock without a system call.
     clock::init();
     let profile = Arc::new(Profile::new(funcs, cpus.max(1), graph_time));
-    let probe = builder(&profile).register("*", None).map_err(|e| match e {
-        ustrace_fprobe::Error::NoMatch(_) | ustrace_fprobe::Error::Refused(_) => Error::NoFunction,
-        e => Error::Fprobe(e),
-    })?;
+    let probe = builder(&profile)
+        .register_ips_lenient(&profile.addrs)
+        .map_err(|e| match e {
+            ustrace_fprobe::Error::NoMatch(_) | ustrace_fprobe::Error::Refused(_) => {
+                Error::NoFunction
+            }
+            e => Error::Fprobe(e),
+        })?;
     st.profile = Some(profile);
     st.probe = Some(probe);
     Ok(())
@@ -395,13 +352,6 @@ fn builder(profile: &Arc<Profile>) -> ustrace_fprobe::FprobeBuilder {
         .entry_handler(move |_, ip, _, _, data| on_entry.enter(ip, data))
         .exit_handler(move |_, _, _, _, data| on_exit.exit(data))
         .entry_data_size(24)
-}
-
-/// The address in a strict registration's refusal, `NAME (0xADDR): reason`.
-fn refused_addr(why: &str) -> Option<usize> {
-    let start = why.find("(0x")? + 3;
-    let end = start + why[start..].find(')')?;
-    usize::from_str_radix(&why[start..end], 16).ok()
 }
 
 /// Turns the profiler off: when this returns no handler of it runs any more. The numbers

@@ -268,8 +268,9 @@ fn generic_runtime_impl(name: &str) -> bool {
 }
 
 /// The functions the tracer of `instance` patches: `set_ftrace_filter` (all when empty)
-/// minus `set_ftrace_notrace`, minus the tracer's own code (reported as refused).
-fn targets(instance: &Arc<Instance>) -> (Vec<usize>, Vec<Refusal>) {
+/// minus `set_ftrace_notrace`, minus the tracer's own code (reported as refused). The
+/// function profiler patches the same.
+pub(crate) fn targets(instance: &Arc<Instance>) -> (Vec<usize>, Vec<Refusal>) {
     let filter = super::filter::selected(instance, SetKind::Filter);
     let notrace = super::filter::selected(instance, SetKind::Notrace);
     let inv = ustrace_inspect::symbols::inventory();

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use ustrace_ctl::vfs::{Errno, OpenFile};
 
 use super::files::{parse_ulong, TextFile};
-use crate::ftrace::filter::{selected, SetKind};
 use crate::ftrace::profile;
 use crate::trace::Instance;
 
@@ -32,33 +31,22 @@ pub(super) fn stat_cpu(top: &Instance, name: &str) -> Option<usize> {
         .filter(|&cpu| cpu < top.buffer().nr_cpus() && digits == cpu.to_string())
 }
 
-/// The functions the profiler patches: what the top instance's `set_ftrace_filter` minus
-/// its `set_ftrace_notrace` select, every function when the filter is empty (the kernel's
-/// profiler takes the global filter). The sets are read when the profiler is turned on.
-/// The first value says whether the filter is empty (every function).
-fn selected_functions(top: &Arc<Instance>) -> (bool, Vec<(usize, String)>) {
+/// The functions the profiler patches: what the function tracer of the top instance would
+/// (its `set_ftrace_filter` minus its `set_ftrace_notrace`, every function of the process
+/// when the filter is empty, never the tracing machinery and the Rust runtime under it; the
+/// kernel's profiler takes the global filter). The sets are read when it is turned on.
+fn selected_functions(top: &Arc<Instance>) -> Vec<(usize, String)> {
     let inv = ustrace_inspect::symbols::inventory();
-    let filter = selected(top, SetKind::Filter);
-    let notrace = selected(top, SetKind::Notrace);
-    let mut out: Vec<(usize, String)> = Vec::new();
-    let mut add = |addr: usize, name: &str| {
-        if !notrace.contains(addr) && out.last().is_none_or(|l| l.0 != addr) {
-            out.push((addr, name.to_string()));
-        }
-    };
-    if filter.is_empty() {
-        for s in inv.functions() {
-            add(s.addr, &s.name);
-        }
-    } else {
-        for addr in filter.iter() {
-            match inv.lookup(addr) {
-                Some((s, _)) => add(addr, &s.name),
-                None => add(addr, &format!("{addr:#x}")),
-            }
-        }
-    }
-    (filter.is_empty(), out)
+    let (addrs, _own) = crate::ftrace::tracer::targets(top);
+    addrs
+        .into_iter()
+        .map(|addr| {
+            let name = inv
+                .lookup(addr)
+                .map_or_else(|| format!("{addr:#x}"), |(s, _)| s.name.clone());
+            (addr, name)
+        })
+        .collect()
 }
 
 /// Turns the profiler on or off as a write of `function_profile_enabled` does: any non-zero
@@ -77,14 +65,7 @@ pub fn set_enabled(top: &Arc<Instance>, on: bool) -> Result<(), Errno> {
         Some(bit) => Arc::new(move || options_of.options.has_bit(bit)),
         None => Arc::new(|| true),
     };
-    let (all, funcs) = selected_functions(top);
-    let cpus = top.buffer().nr_cpus();
-    let started = if all {
-        profile::start_all(funcs, cpus, graph_time)
-    } else {
-        profile::start(funcs, cpus, graph_time)
-    };
-    match started {
+    match profile::start(selected_functions(top), top.buffer().nr_cpus(), graph_time) {
         Ok(()) => Ok(()),
         Err(profile::Error::NoFunction) => Err(Errno::ENODEV),
         Err(profile::Error::Fprobe(ustrace_fprobe::Error::Unsupported(_))) => Err(Errno::ENODEV),
@@ -113,8 +94,11 @@ pub(super) fn open_stat(cpu: usize) -> Result<Box<dyn OpenFile>, Errno> {
     let stats = profile::current()
         .map(|p| p.stats(Some(cpu)))
         .unwrap_or_default();
+    // As the kernel's, functions whose average is below `tracing_thresh` are left out.
+    let thresh =
+        crate::ftrace::tracer::TRACING_THRESH_NS.load(std::sync::atomic::Ordering::Relaxed);
     Ok(Box::new(TextFile::new(
-        profile::format_stats(&stats, 0),
+        profile::format_stats(&stats, thresh),
         None,
     )))
 }
