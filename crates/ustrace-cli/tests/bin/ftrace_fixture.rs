@@ -275,7 +275,9 @@ extern "C" fn vfs_read(file: *const file, buf: *mut u8, count: usize, pos: *mut 
 #[inline(never)]
 extern "C" fn schedule(name: *const libc::c_char, me: i32) {
     // SAFETY: the caller passes a NUL-terminated name that outlives the call.
-    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_str().unwrap_or("?");
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }
+        .to_str()
+        .unwrap_or("?");
     sched_switch::trace((name, me), ("swapper", 0));
     std::thread::sleep(Duration::from_micros(200));
 }
