@@ -569,3 +569,51 @@ fn graph_survives_longjmp_tail_calls_and_fork() {
     assert!(shape.iter().any(|l| l.starts_with("ct_tail")), "{trace}");
     fs.rmdir(&dir).unwrap();
 }
+
+#[test]
+fn trace_pipe_prints_the_graph_record_by_record() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_graph_pipe");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_mid ct_leaf ct_other_leaf\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    (lib.top)(3);
+    let lines: Vec<String> = fs
+        .read_lines(
+            &format!("{dir}/trace_pipe"),
+            Some(std::time::Duration::from_millis(200)),
+        )
+        .unwrap()
+        .map(|l| l.unwrap())
+        .collect();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    let shown: Vec<String> = lines
+        .iter()
+        .filter_map(|l| l.split_once('|').map(|(_, r)| r[2..].to_string()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "ct_mid() {",
+            "  ct_leaf() {",
+            "  }",
+            "  ct_other_leaf() {",
+            "  }",
+            "}",
+            "ct_leaf() {",
+            "}",
+        ],
+        "{lines:?}"
+    );
+    fs.rmdir(&dir).unwrap();
+}
