@@ -23,6 +23,7 @@ macro_rules! out {
 }
 
 mod bench;
+mod bench_ftrace;
 mod bench_inter;
 mod bench_measure;
 mod bench_peers;

@@ -15,6 +15,8 @@ struct Lib {
     top: Func,
     slow: Func,
     rec: Func,
+    jump: Func,
+    fork: Func,
     dir: PathBuf,
 }
 
@@ -60,6 +62,8 @@ fn lib() -> Option<&'static Lib> {
             top: sym("ct_top")?,
             slow: sym("ct_slow")?,
             rec: sym("ct_rec")?,
+            jump: sym("ct_jump")?,
+            fork: sym("ct_fork")?,
             dir,
         })
     })
@@ -506,5 +510,110 @@ fn every_function_of_the_process_can_be_traced_while_threads_run() {
     for w in workers {
         w.join().unwrap();
     }
+    fs.rmdir(&dir).unwrap();
+}
+
+#[test]
+fn record_formats_are_the_running_kernels() {
+    let fs = ustrace::tracefs();
+    for event in ["function", "funcgraph_entry", "funcgraph_exit"] {
+        let ours = fs
+            .read_to_string(&format!("events/ftrace/{event}/format"))
+            .unwrap();
+        let path = format!("/sys/kernel/tracing/events/ftrace/{event}/format");
+        match std::fs::read_to_string(&path) {
+            Ok(kernel) => assert_eq!(ours, kernel, "{event}"),
+            Err(e) => println!("skipped: {path}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn graph_survives_longjmp_tail_calls_and_fork() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_graph_jumps");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_*:mod:libcalltree\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    // longjmp out of two traced frames, then a normal call: the depth is repaired.
+    assert_eq!((lib.jump)(5), 5);
+    (lib.top)(3);
+    // fork: the child calls traced functions and exits; the parent goes on.
+    assert_eq!((lib.fork)(2), 0);
+    (lib.top)(3);
+    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    let shape = shape(&body(&trace));
+    // Both ct_top calls after the jumps draw the same, complete tree at depth 0.
+    let tops: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.as_str() == "ct_top() {")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(tops.len(), 2, "{trace}");
+    for &t in &tops {
+        assert_eq!(&shape[t..t + EXPECTED_TOP.len()], EXPECTED_TOP, "{trace}");
+    }
+    // The tail call: ct_tail jumps to ct_leaf, whose return ends both.
+    assert!(shape.iter().any(|l| l.starts_with("ct_tail")), "{trace}");
+    fs.rmdir(&dir).unwrap();
+}
+
+#[test]
+fn trace_pipe_prints_the_graph_record_by_record() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_graph_pipe");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_mid ct_leaf ct_other_leaf\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    (lib.top)(3);
+    let lines: Vec<String> = fs
+        .read_lines(
+            &format!("{dir}/trace_pipe"),
+            Some(std::time::Duration::from_millis(200)),
+        )
+        .unwrap()
+        .map(|l| l.unwrap())
+        .collect();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    let shown: Vec<String> = lines
+        .iter()
+        .filter_map(|l| l.split_once('|').map(|(_, r)| r[2..].to_string()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "ct_mid() {",
+            "  ct_leaf() {",
+            "  }",
+            "  ct_other_leaf() {",
+            "  }",
+            "}",
+            "ct_leaf() {",
+            "}",
+        ],
+        "{lines:?}"
+    );
     fs.rmdir(&dir).unwrap();
 }
