@@ -283,6 +283,21 @@ fn restore(client: &mut Client, undo: &Undo) -> Result<(), String> {
     first_err.map_or(Ok(()), Err)
 }
 
+/// Whether a line of `set_ftrace_filter` names a function: not the "all functions" line,
+/// not a command (`FUNC:traceon:unlimited`, `...:count=3`) and not a remembered `:mod:`
+/// word. (Rust names have `::` in them, so a colon alone says nothing.)
+fn names_a_function(line: &str) -> bool {
+    if line.starts_with('#') || line.trim().is_empty() || line.contains(":mod:") {
+        return false;
+    }
+    let command = line.ends_with(":unlimited")
+        || line.rsplit_once(":count=").is_some_and(|(_, n)| {
+            let n = n.strip_prefix('-').unwrap_or(n);
+            !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+        });
+    !command
+}
+
 pub fn run(args: TopArgs) -> Result<(), String> {
     if !(args.delay.is_finite() && args.delay > 0.0) {
         return Err(format!("--delay {}: must be a positive number", args.delay));
@@ -302,11 +317,9 @@ pub fn run(args: TopArgs) -> Result<(), String> {
     let current = client
         .read_file("set_ftrace_filter")
         .map_err(|e| failed("set_ftrace_filter", e))?;
-    // Functions are listed first; command lines (`FUNC:traceon:...`) and `:mod:` words
-    // have a colon, the "all functions" line a leading `#`.
     let filtered = String::from_utf8_lossy(&current)
         .lines()
-        .any(|l| !l.starts_with('#') && !l.contains(':'));
+        .any(names_a_function);
     if let Some(glob) = &args.filter {
         if filtered {
             return Err(
@@ -405,6 +418,18 @@ mod tests {
         assert_eq!(merged[1].hits, 6);
         // Six samples 1,2,3,1,2,3 µs: sample stddev sqrt(4/5) µs.
         assert!((merged[1].stddev_ns() - (0.8f64).sqrt() * 1000.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn filter_lines_that_name_functions() {
+        assert!(names_a_function("fp_mid"));
+        assert!(names_a_function("my_crate::kv::Store::get"));
+        assert!(names_a_function("memcpy [libc.so.6]"));
+        assert!(!names_a_function("#### all functions enabled ####"));
+        assert!(!names_a_function("fp_mid:traceoff:unlimited"));
+        assert!(!names_a_function("my_crate::f:enable_event:kv:get:count=2"));
+        assert!(!names_a_function("f:traceon:count=-1"));
+        assert!(!names_a_function("*:mod:libfoo"));
     }
 
     #[test]
