@@ -54,7 +54,7 @@ use crate::bench_measure::{
 };
 
 /// Every figure the bench reports, in the order it reports them.
-pub const NAMES: [&str; 19] = [
+pub const NAMES: [&str; 22] = [
     "tracepoint_off",
     "tracepoint_off_load",
     "tracepoint_noop_probe",
@@ -65,6 +65,9 @@ pub const NAMES: [&str; 19] = [
     "fprobe_entry",
     "fprobe_entry_exit",
     "fprobe_event_2args",
+    "function_tracer_call",
+    "function_graph_call",
+    "function_graph_enable_all",
     "eprobe_on_event",
     "hist_update_1key",
     "hist_update_1key_2threads",
@@ -628,6 +631,8 @@ impl Baselines {
             "add_loop" => time_per_op(self.n, self.reps, infallible(add_loop))?.ns_per_op,
             "call_loop" => time_per_op(self.n, self.reps, infallible(call_loop))?.ns_per_op,
             "index_loop" => time_per_op(self.n, self.reps, infallible(index_loop))?.ns_per_op,
+            // A figure that is a whole duration, not a cost over some loop.
+            "nothing" => 1.0,
             // Timed by `tracing_figures` itself, before it installs the layer.
             "tracing_no_subscriber" => return Err("tracing_no_subscriber was not timed".into()),
             "index_loop_2threads" => {
@@ -827,6 +832,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         let t = time_probed(name, fp, n, reps, infallible(call_loop))?;
         push(name, t.ns_per_op, "call_loop", None);
     }
+
+    crate::bench_ftrace::figures(n, reps, &wanted, &mut push)?;
 
     if wanted("ring_buffer_write_32b") || wanted("ring_buffer_write_32b_2threads") {
         let buffer = Arc::new(ring_buffer("bench-ring")?);

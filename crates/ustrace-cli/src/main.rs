@@ -2,7 +2,7 @@
 //!
 //! `demo` and `bench` run in this process on the built-in workload; the other verbs reach a
 //! running process's tracefs over its control socket (`ps`, `cat`, `write`, `ls`, `pipe`,
-//! `hist`) or a FUSE mount (`mount`).
+//! `hist`, `top`) or a FUSE mount (`mount`).
 
 /// `println!` for what the verbs print: a reader that went away (`ustrace demo | head`) ends
 /// the process quietly and successfully, where `println!` would panic on the broken pipe.
@@ -23,6 +23,7 @@ macro_rules! out {
 }
 
 mod bench;
+mod bench_ftrace;
 mod bench_inter;
 mod bench_measure;
 mod bench_peers;
@@ -36,6 +37,7 @@ mod mount;
 mod remote;
 mod report;
 mod stream;
+mod top;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
@@ -113,6 +115,16 @@ enum Command {
     #[command(after_help = "Examples:\n  ustrace stream -p 1234\n  \
                             ustrace stream --tracefs /sys/kernel/tracing --duration 5")]
     Stream(stream::StreamArgs),
+    /// Show a running process's function profile live, sorted by total time.
+    #[command(after_help = "Examples:\n  ustrace top -p 1234 -F 'kv_*'\n  \
+                            ustrace top -p 1234                 (the functions set_ftrace_filter names)\n  \
+                            ustrace top -p 1234 --all           (every function, when the filter is empty)\n  \
+                            ustrace top -p 1234 --once -F 'kv_*'   (one plain table)\n  \
+                            ustrace top -p 1234 -n 5 -d 0.5\n\
+                            It turns function_profile_enabled on, reads trace_stat/function<cpu> \
+                            each refresh, and turns the profiler (and a -F filter) off again at \
+                            the end or on Ctrl-C.")]
+    Top(top::TopArgs),
     /// Mount a running process's tracefs on a directory until interrupted.
     #[command(after_help = "Examples:\n  ustrace mount -p 1234 /mnt/t &\n  \
                             echo 1 > /mnt/t/events/kv/enable\n  cat /mnt/t/trace\n  \
@@ -251,6 +263,7 @@ fn main() -> ExitCode {
         Command::Ls(args) => remote::ls(args),
         Command::Pipe(args) => remote::pipe(args),
         Command::Hist(args) => hist::run(args),
+        Command::Top(args) => top::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Exec(args) => match exec::run(args) {
             Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),

@@ -276,6 +276,30 @@ impl FprobeBuilder {
         self.register_targets(targets, true)
     }
 
+    /// Functions by address, as [`FprobeBuilder::register_ips`], except that functions that
+    /// cannot be patched are skipped and listed by [`Fprobe::refused`] (as a filter
+    /// registration does): what a tracer of every function of the process needs. An error
+    /// only when none could be attached.
+    pub fn register_ips_lenient(self, ips: &[usize]) -> Result<Fprobe, Error> {
+        let inv = ustrace_inspect::symbols::inventory();
+        let targets = ips
+            .iter()
+            .map(|&ip| match inv.lookup(ip) {
+                Some((s, 0)) => Target {
+                    addr: s.addr,
+                    size: Some(s.size).filter(|&n| n > 0),
+                    name: s.name.clone(),
+                },
+                _ => Target {
+                    addr: ip,
+                    size: None,
+                    name: format!("{ip:#x}"),
+                },
+            })
+            .collect();
+        self.register_targets(targets, false)
+    }
+
     /// `register_fprobe_syms`: functions by exact (demangled or mangled) name; every name must
     /// resolve and be patchable, else nothing is registered.
     pub fn register_syms(self, syms: &[&str]) -> Result<Fprobe, Error> {

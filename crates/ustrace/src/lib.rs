@@ -103,6 +103,7 @@ pub mod dynevent_cmd;
 pub mod event;
 pub mod event_file;
 pub mod filter;
+pub mod ftrace;
 pub mod hist;
 pub mod hist_inter;
 pub mod marker;

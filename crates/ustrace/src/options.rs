@@ -20,8 +20,10 @@
 //! - `block` is not offered: on the kernel it only makes `poll` on `trace_pipe` report data
 //!   (a non-blocking read still fails with `EAGAIN`), and none of our doors to the tracefs
 //!   (in-process, control socket, FUSE) has `poll`.
-//! - `print-parent` is not offered: it only changes the function tracer's lines, and there is
-//!   no function tracer here (`current_tracer` is always `nop`).
+//! - `print-parent`, `func_stack_trace` and `funcgraph-*` shape the function tracers'
+//!   records and lines (`crate::ftrace`); `graph-time` is read by the function profiler's
+//!   exit handler (`crate::ftrace::profile`). There is no `sleep-time`: a probe cannot see
+//!   its thread scheduled out without a system call, so the profiler's times include sleep.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -50,6 +52,19 @@ pub const OPTIONS: &[(&str, bool)] = &[
     ("pause-on-trace", false),
     ("hash-ptr", true),
     ("stacktrace", false),
+    // The function tracers' (`crate::ftrace`).
+    ("print-parent", true),
+    ("func_stack_trace", false),
+    ("funcgraph-overrun", false),
+    ("funcgraph-cpu", true),
+    ("funcgraph-overhead", true),
+    ("funcgraph-proc", false),
+    ("funcgraph-duration", true),
+    ("funcgraph-abstime", false),
+    ("funcgraph-tail", false),
+    // The function profiler's (`crate::ftrace::profile`): off, a function's time leaves out
+    // its profiled callees'.
+    ("graph-time", true),
 ];
 
 /// Looks an option's bit up by name.
@@ -84,6 +99,12 @@ impl Options {
     /// Whether option `name` is on; `false` for an unknown name.
     pub fn get(&self, name: &str) -> bool {
         bit(name).is_some_and(|b| self.bits.load(Ordering::Relaxed) & b != 0)
+    }
+
+    /// Whether the option whose [`bit`] is `bit` is on: one load, for hot paths.
+    #[inline]
+    pub fn has_bit(&self, bit: u64) -> bool {
+        self.bits.load(Ordering::Relaxed) & bit != 0
     }
 
     /// Turns option `name` on or off; `false` when there is no such option.

@@ -252,7 +252,7 @@ fn unknown_paths_and_directory_misuse_give_the_kernels_errno() {
     assert_eq!(t.write("trace_clock", "nosuch\n"), Err(Errno::EINVAL));
     assert_eq!(t.write("trace_options", "nosuch\n"), Err(Errno::EINVAL));
     assert_eq!(t.write("options/raw", "2\n"), Err(Errno::EINVAL));
-    assert_eq!(t.write("current_tracer", "function\n"), Err(Errno::EINVAL));
+    assert_eq!(t.write("current_tracer", "nosuch\n"), Err(Errno::EINVAL));
 }
 
 #[test]

@@ -268,8 +268,23 @@ extern "C" fn vfs_read(file: *const file, buf: *mut u8, count: usize, pos: *mut 
     }
 }
 
+/// The kernel's `schedule`: the worker switches away (sleeps) and records it. The function
+/// tests put commands on it (`schedule:traceoff`, `schedule:enable_event:...`) and expect it
+/// to be hit all the time, as the kernel's is.
+#[no_mangle]
+#[inline(never)]
+extern "C" fn schedule(name: *const libc::c_char, me: i32) {
+    // SAFETY: the caller passes a NUL-terminated name that outlives the call.
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }
+        .to_str()
+        .unwrap_or("?");
+    sched_switch::trace((name, me), ("swapper", 0));
+    std::thread::sleep(Duration::from_micros(200));
+}
+
 fn work() {
     let name = "fixture-work";
+    let c_name = CString::new(name).unwrap_or_default();
     let me = tid();
     let cwd = CString::new(
         std::env::current_dir()
@@ -287,8 +302,7 @@ fn work() {
     let mut round: u64 = 0;
     loop {
         round += 1;
-        sched_switch::trace((name, me), ("swapper", 0));
-        std::thread::sleep(Duration::from_micros(200));
+        schedule(c_name.as_ptr(), me);
         sched_waking::trace(name, me, cpu());
         sched_wakeup::trace(name, me, cpu());
 

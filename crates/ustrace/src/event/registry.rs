@@ -124,6 +124,18 @@ pub fn registry() -> &'static Registry {
             Event::new(STACK_ID, Arc::new(StackEvent)),
             Event::new(MARKER_ID, Arc::new(MarkerEvent)),
             Event::new(USER_STACK_ID, Arc::new(UserStackEvent)),
+            Event::new(
+                crate::ftrace::events::FUNCTION_ID,
+                Arc::new(crate::ftrace::events::FtraceRecord::Function),
+            ),
+            Event::new(
+                crate::ftrace::events::GRAPH_ENTRY_ID,
+                Arc::new(crate::ftrace::events::FtraceRecord::GraphEntry),
+            ),
+            Event::new(
+                crate::ftrace::events::GRAPH_EXIT_ID,
+                Arc::new(crate::ftrace::events::FtraceRecord::GraphExit),
+            ),
         ];
         let mut statics: Vec<_> = EVENTS.iter().copied().collect();
         statics.sort_by_key(|e| (e.system, e.name));

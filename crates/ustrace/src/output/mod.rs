@@ -74,7 +74,10 @@ pub fn trace_header(instance: &Instance) -> String {
 
 /// The header for `buffer` (the live one, or a snapshot) with `instance`'s options.
 pub fn header_for(instance: &Instance, buffer: &ustrace_ringbuf::RingBuffer) -> String {
-    let mut out = String::from("# tracer: nop\n#\n");
+    let mut out = format!(
+        "# tracer: {}\n#\n",
+        crate::ftrace::output::tracer_name(instance)
+    );
     let options = &instance.options;
     if !options.get("context-info") {
         return out;
@@ -328,6 +331,9 @@ pub fn format_trace(
     buffer: &ustrace_ringbuf::RingBuffer,
     cpu: Option<usize>,
 ) -> Vec<u8> {
+    if crate::ftrace::output::tracer_name(instance) == "function_graph" {
+        return crate::ftrace::output::format_graph_trace(instance, buffer, cpu);
+    }
     let mut out = header_for(instance, buffer).into_bytes();
     let mut cursor = Cursor::for_trace(instance, buffer);
     let mut events = match cpu {
@@ -360,6 +366,9 @@ pub fn format_event_at(
     next_ts: Option<u64>,
     out: &mut Vec<u8>,
 ) {
+    if crate::ftrace::output::render_graph_event(instance, event, out) {
+        return;
+    }
     let mut text = std::mem::take(&mut cursor.scratch);
     text.clear();
     format_entry(instance, cursor, event, next_ts, &mut text, out);
@@ -480,6 +489,9 @@ fn format_entry(
     }
     if options.get("fields") {
         format_fields(id, registered.as_deref(), record, out);
+        return;
+    }
+    if crate::ftrace::output::render_function(instance, record, out) {
         return;
     }
     if id == STACK_ID {

@@ -18,6 +18,7 @@
 //! Errors are the kernel's errno for the same mistake.
 
 pub mod files;
+pub mod fnprof;
 pub mod pipe;
 
 use std::sync::Arc;
@@ -61,6 +62,10 @@ const INSTANCE_FILES: &[(&str, u32)] = &[
     ("trace_pipe", 0o440),
     ("tracing_on", 0o640),
     ("tracing_cpumask", 0o640),
+    ("set_ftrace_filter", 0o640),
+    ("set_ftrace_notrace", 0o640),
+    ("set_ftrace_pid", 0o640),
+    ("set_ftrace_notrace_pid", 0o640),
 ];
 
 /// Files only the top-level directory has.
@@ -71,10 +76,16 @@ const TOP_FILES: &[(&str, u32)] = &[
     ("dynamic_events", 0o640),
     ("enabled_functions", 0o440),
     ("printk_formats", 0o440),
+    ("function_profile_enabled", fnprof::ENABLED_MODE),
     ("saved_cmdlines", 0o440),
     ("saved_cmdlines_size", 0o640),
     ("saved_tgids", 0o440),
     ("synthetic_events", 0o640),
+    ("set_graph_function", 0o640),
+    ("set_graph_notrace", 0o640),
+    ("max_graph_depth", 0o640),
+    ("tracing_thresh", 0o640),
+    ("unpatchable_functions", 0o440),
 ];
 
 const CPU_FILES: &[(&str, u32)] = &[
@@ -104,6 +115,7 @@ enum Dir {
     PerCpu(Arc<Instance>),
     Cpu,
     Options,
+    TraceStat(Arc<Instance>),
 }
 
 enum File {
@@ -121,6 +133,7 @@ enum File {
     EventId(Arc<EventFile>),
     Cpu(Arc<Instance>, usize, &'static str),
     Option(Arc<Instance>, &'static str),
+    TraceStat(usize),
 }
 
 fn components(path: &str) -> Result<Vec<&str>, Errno> {
@@ -234,6 +247,10 @@ fn resolve_in(instance: Arc<Instance>, parts: &[&str], top: bool) -> Result<Node
             }
         }
         ["options"] => Node::Dir(Dir::Options),
+        ["trace_stat"] if top => Node::Dir(Dir::TraceStat(instance)),
+        ["trace_stat", name] if top => Node::File(File::TraceStat(
+            fnprof::stat_cpu(&instance, name).ok_or(Errno::ENOENT)?,
+        )),
         ["options", name] => {
             let name = OPTIONS
                 .iter()
@@ -270,7 +287,11 @@ fn mode_of(file: &File) -> u32 {
             .iter()
             .find(|(n, _)| n == name)
             .map_or(0o440, |(_, m)| *m),
-        File::HeaderPage | File::HeaderEvent | File::EventFormat(_) | File::EventId(_) => 0o440,
+        File::HeaderPage
+        | File::HeaderEvent
+        | File::EventFormat(_)
+        | File::EventId(_)
+        | File::TraceStat(_) => 0o440,
         _ => 0o640,
     }
 }
@@ -281,7 +302,12 @@ fn dir_mode(dir: &Dir) -> u32 {
     match dir {
         Dir::Root(instance) if instance.name.is_empty() => 0o700,
         Dir::Events(_) | Dir::System(..) | Dir::Event(_) => 0o755,
-        Dir::Root(_) | Dir::Instances | Dir::PerCpu(_) | Dir::Cpu | Dir::Options => 0o750,
+        Dir::Root(_)
+        | Dir::Instances
+        | Dir::PerCpu(_)
+        | Dir::Cpu
+        | Dir::Options
+        | Dir::TraceStat(_) => 0o750,
     }
 }
 
@@ -326,6 +352,7 @@ impl FileSystem for TraceFs {
                 }
                 if top {
                     entries.push(dir_entry("instances"));
+                    entries.push(dir_entry("trace_stat"));
                 }
             }
             Dir::Events(instance) => {
@@ -373,6 +400,7 @@ impl FileSystem for TraceFs {
             }
             Dir::Cpu => entries.extend(CPU_FILES.iter().map(|(n, _)| file(n))),
             Dir::Options => entries.extend(OPTIONS.iter().map(|(n, _)| file(n))),
+            Dir::TraceStat(top) => entries.extend(fnprof::stat_names(&top).iter().map(|n| file(n))),
         }
         Ok(entries)
     }
@@ -519,6 +547,7 @@ fn open_file(file: File, flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
             }),
         ),
         File::Cpu(instance, cpu, name) => open_cpu_file(instance, cpu, name, flags),
+        File::TraceStat(cpu) => fnprof::open_stat(cpu),
     }
 }
 
@@ -534,6 +563,7 @@ fn set_option(instance: &Instance, name: &str, on: bool) {
             .store(on, std::sync::atomic::Ordering::Relaxed),
         "stacktrace" | "userstacktrace" => instance.apply_stack_options(),
         "record-tgid" if on => crate::options::keep_tgids(),
+        "func_stack_trace" => crate::ftrace::option_changed(instance, name, on),
         _ => {}
     }
 }
@@ -567,6 +597,9 @@ fn open_instance_file(
     name: &'static str,
     flags: OpenFlags,
 ) -> Result<Box<dyn OpenFile>, Errno> {
+    if let Some(file) = crate::ftrace::files::open(instance.clone(), name, flags) {
+        return file;
+    }
     match name {
         "README" => text(README),
         "available_events" => text(registry().available_events()),
@@ -574,17 +607,14 @@ fn open_instance_file(
             text(ustrace_inspect::symbols::inventory().available_filter_functions())
         }
         "enabled_functions" => text(ustrace_fprobe::enabled_functions()),
+        "function_profile_enabled" => fnprof::open_enabled(instance),
         "dynamic_events" => crate::dynevent::open(flags),
         "synthetic_events" => crate::synth::open(flags),
-        "available_tracers" => text("nop\n"),
-        "current_tracer" => rw(
-            "nop\n",
-            Box::new(|data| match text_arg(data)? {
-                "nop" | "" => Ok(data.len()),
-                _ => Err(Errno::EINVAL),
-            }),
-        ),
         "saved_cmdlines" => text(crate::thread::saved_cmdlines()),
+        name if crate::ftrace::filter::SetKind::from_file_name(name).is_some() => {
+            let kind = crate::ftrace::filter::SetKind::from_file_name(name).expect("checked");
+            Ok(crate::ftrace::filter::open(instance, kind, flags))
+        }
         "saved_tgids" => text(crate::options::saved_tgids()),
         // The kernel lists the formats `bprint` records point at (trace_printk); ustrace has
         // no `bprint`, so none. trace-cmd record saves this file into trace.dat.

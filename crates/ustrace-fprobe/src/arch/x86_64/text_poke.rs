@@ -101,18 +101,25 @@ impl AddrMap {
         Err(Error::TooManySites)
     }
 
-    /// Async-signal-safe lookup; `None` for unknown or withdrawn addresses.
+    /// Async-signal-safe lookup; `None` for unknown or withdrawn addresses. Inlined into the
+    /// int3 handler and calling no generic helper, so that a tracer patching functions of the
+    /// standard library does not put an int3 in the code that resolves int3s.
+    #[inline(always)]
     fn get(&self, addr: usize) -> Option<usize> {
         let mut i = trap_hash(addr);
-        for _ in 0..TRAP_SLOTS {
+        // A counted `while`, not a range iterator: no call into the standard library.
+        let mut left = TRAP_SLOTS;
+        while left > 0 {
             let key = self.keys[i].load(Ordering::Acquire);
             if key == addr {
-                return Some(self.vals[i].load(Ordering::Acquire)).filter(|&v| v != 0);
+                let v = self.vals[i].load(Ordering::Acquire);
+                return if v != 0 { Some(v) } else { None };
             }
             if key == 0 {
                 return None;
             }
             i = (i + 1) & (TRAP_SLOTS - 1);
+            left -= 1;
         }
         None
     }
@@ -127,6 +134,7 @@ static TRAPS: AddrMap = AddrMap::new();
 /// handler late (stopped, or asleep in the kernel, when it was asked) is still moved.
 static MOVES: AddrMap = AddrMap::new();
 
+#[inline(always)]
 fn trap_hash(addr: usize) -> usize {
     (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) & (TRAP_SLOTS - 1)
 }
@@ -135,6 +143,7 @@ fn trap_set(addr: usize, resume: usize) -> Result<(), Error> {
     TRAPS.set(addr, resume)
 }
 
+#[inline(always)]
 fn trap_get(addr: usize) -> Option<usize> {
     TRAPS.get(addr)
 }
@@ -324,7 +333,11 @@ fn install_handlers() -> Result<(), Error> {
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigtrap as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER | libc::SA_RESTART;
+        // Not SA_ONSTACK: an int3 trap is ordinary code on a healthy stack, and the handlers
+        // nest (a trap inside the rendezvous handler, or a rendezvous inside a trap while
+        // thousands of functions are patched at once); on the small alternate stack the Rust
+        // runtime gives each thread they would overflow it.
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_RESTART;
         libc::sigemptyset(&mut sa.sa_mask);
         let old = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
         if libc::sigaction(libc::SIGTRAP, &sa, old) != 0 {
@@ -337,7 +350,7 @@ fn install_handlers() -> Result<(), Error> {
 
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_rendezvous as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         libc::sigemptyset(&mut sa.sa_mask);
         if libc::sigaction(rendezvous_signal(), &sa, std::ptr::null_mut()) != 0 {
             return Err(Error::Unsupported(format!(

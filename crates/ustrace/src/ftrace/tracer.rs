@@ -1,0 +1,656 @@
+//! The `function` and `function_graph` tracers of one instance: which functions are patched,
+//! and the fprobe handlers that write their records (the hot path of function tracing).
+//!
+//! Switching `current_tracer` registers one fprobe on the functions the filter files select
+//! (`set_ftrace_filter`, every function when it is empty, minus `set_ftrace_notrace`); a
+//! change of those sets while the tracer runs registers the new fprobe before the old one is
+//! dropped. What the handlers check per call (`set_ftrace_pid`, `set_graph_function`,
+//! `set_graph_notrace`, `max_graph_depth`, `tracing_thresh`, the tracer's options) is read
+//! from atomics and an RCU-published [`Knobs`], so the handlers take no lock, allocate
+//! nothing and make no system call.
+//!
+//! ```text
+//!  function:        entry ─ pid? ─ reserve 24 B ─ ip, parent_ip ─ commit [─ kernel_stack]
+//!  function_graph:  entry ─ pid? graph filters? depth < max? ─ funcgraph_entry (depth d)
+//!                          per-call data: calltime, d, flags; thread depth = d + 1
+//!                   exit  ─ thread depth = d ─ rettime ─ ≥ tracing_thresh? ─ funcgraph_exit
+//! ```
+//!
+//! The depth is a per-thread counter per tracer, restored from the call's own data at each
+//! exit, so a frame left by `longjmp` or an exception (whose exit never runs; the fprobe
+//! counts it missed) is repaired by the next exit below it. A function the handler itself
+//! calls is entered with the fprobe's recursion guard set: it records nothing and counts as
+//! missed, as the kernel counts recursion.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ustrace_ctl::vfs::Errno;
+use ustrace_fprobe::{EntryAction, Fprobe, Refusal};
+
+use super::events::{
+    FUNCTION_ID, FUNCTION_LEN, GRAPH_ENTRY_ID, GRAPH_ENTRY_LEN, GRAPH_EXIT_ID, GRAPH_EXIT_LEN,
+};
+use super::filter::{FunctionSet, SetKind};
+use crate::buffers::{PidLists, Shared};
+use crate::rcu::{read_lock, RcuCell};
+use crate::trace::Instance;
+
+/// The tracers `available_tracers` lists, in the kernel's order.
+pub const TRACERS: &[&str] = &["function_graph", "function", "nop"];
+
+/// Which tracer an instance runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `nop`: no function is patched.
+    Nop,
+    /// `function`: one `function` record per call.
+    Function,
+    /// `function_graph`: `funcgraph_entry` and `funcgraph_exit` records with durations.
+    Graph,
+}
+
+impl Kind {
+    /// The tracer's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Nop => "nop",
+            Kind::Function => "function",
+            Kind::Graph => "function_graph",
+        }
+    }
+
+    /// The tracer named `name`.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        match name {
+            "nop" => Some(Kind::Nop),
+            "function" => Some(Kind::Function),
+            "function_graph" => Some(Kind::Graph),
+            _ => None,
+        }
+    }
+
+    fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// What the graph handlers look at beyond the patched set, published RCU-style.
+#[derive(Default)]
+pub(crate) struct Knobs {
+    pids: PidLists,
+    graph: Arc<FunctionSet>,
+    graph_notrace: Arc<FunctionSet>,
+}
+
+/// Most function_graph tracers running at once (each has its own per-thread depth).
+const GRAPH_SLOTS: usize = 8;
+
+thread_local! {
+    /// Per tracer slot: the calling thread's call depth.
+    static DEPTH: [Cell<u32>; GRAPH_SLOTS] = const { [const { Cell::new(0) }; GRAPH_SLOTS] };
+    /// Per tracer slot: depth + 1 of the `set_graph_function` function the thread is in (0:
+    /// none).
+    static GRAPH_IN: [Cell<u32>; GRAPH_SLOTS] = const { [const { Cell::new(0) }; GRAPH_SLOTS] };
+    /// Per tracer slot: depth + 1 of the `set_graph_notrace` function the thread is in.
+    static NOTRACE_IN: [Cell<u32>; GRAPH_SLOTS] = const { [const { Cell::new(0) }; GRAPH_SLOTS] };
+}
+
+static SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
+
+/// Option bits the handlers read.
+pub(crate) mod opt {
+    /// `func_stack_trace`: a `kernel_stack` entry after each `function` record.
+    pub const STACK: u32 = 1;
+}
+
+/// The state the handlers of one instance share with the control side.
+pub(crate) struct Live {
+    shared: Arc<Shared>,
+    /// Whether `knobs` has a pid list (checked before taking the RCU read side).
+    pid_filter: AtomicBool,
+    /// Whether `knobs` has a graph set.
+    graph_filter: AtomicBool,
+    knobs: RcuCell<Knobs>,
+    max_depth: AtomicU32,
+    thresh_ns: AtomicU64,
+    options: AtomicU32,
+    slot: usize,
+}
+
+/// The running tracer of an instance.
+pub(crate) struct Running {
+    kind: Kind,
+    fprobe: Option<Fprobe>,
+    live: Arc<Live>,
+    refused: Vec<Refusal>,
+}
+
+/// The tracer part of an instance's state.
+#[derive(Default)]
+pub(crate) struct TracerState {
+    current: AtomicU32,
+    running: Mutex<Option<Running>>,
+    /// `set_ftrace_pid` and `set_ftrace_notrace_pid`.
+    pub(crate) pids: Mutex<PidLists>,
+    /// `func_stack_trace` and the other option bits.
+    pub(crate) options: AtomicU32,
+    /// Functions the last switch could not patch.
+    pub(crate) refused: Mutex<Vec<Refusal>>,
+    /// How many functions the last switch patched.
+    pub(crate) patched: AtomicUsize,
+}
+
+/// `max_graph_depth` (0: no limit): process-wide, as the kernel's.
+pub(crate) static MAX_GRAPH_DEPTH: AtomicU32 = AtomicU32::new(0);
+
+/// `tracing_thresh`, in nanoseconds: process-wide, as the kernel's.
+pub(crate) static TRACING_THRESH_NS: AtomicU64 = AtomicU64::new(0);
+
+/// The tracer `instance` runs.
+pub fn current(instance: &Arc<Instance>) -> Kind {
+    match super::state(instance)
+        .tracer
+        .current
+        .load(Ordering::Acquire)
+    {
+        1 => Kind::Function,
+        2 => Kind::Graph,
+        _ => Kind::Nop,
+    }
+}
+
+/// Whether `instance` runs `function_graph` (its trace prints as a call graph).
+pub fn is_graph(instance: &Arc<Instance>) -> bool {
+    current(instance) == Kind::Graph
+}
+
+/// Functions the running tracer could not patch, with the reasons.
+pub fn refused(instance: &Arc<Instance>) -> Vec<Refusal> {
+    super::state(instance)
+        .tracer
+        .refused
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
+/// How many functions the running tracer patched.
+pub fn patched(instance: &Arc<Instance>) -> usize {
+    super::state(instance)
+        .tracer
+        .patched
+        .load(Ordering::Relaxed)
+}
+
+/// Missed calls of the running tracer (recursion from inside its handlers, frames left by
+/// `longjmp`/exceptions, full per-thread stacks).
+pub fn missed(instance: &Arc<Instance>) -> u64 {
+    let st = super::state(instance);
+    let running = st.tracer.running.lock().unwrap_or_else(|e| e.into_inner());
+    running
+        .as_ref()
+        .and_then(|r| r.fprobe.as_ref())
+        .map_or(0, |f| f.nmissed())
+}
+
+/// Whether a function of this name belongs to the tracer itself or to the Rust runtime
+/// library code it runs on (the kernel's `notrace` on its tracing code and `lib/`): the
+/// record path, the patching machinery and its int3 handler call these (out of line in an
+/// unoptimised build), so patching them would put the tracer inside every traced call, or
+/// an int3 inside the handler that resolves int3s.
+fn tracer_internal(name: &str) -> bool {
+    // Some legacy Rust symbols reach the inventory still escaped
+    // (`_$LT$I$u20$as$u20$core..iter..IntoIterator$GT$::into_iter::h…`): judge them unescaped.
+    if name.contains('$') {
+        let plain = name
+            .strip_prefix('_')
+            .unwrap_or(name)
+            .replace("$LT$", "<")
+            .replace("$GT$", ">")
+            .replace("$u20$", " ")
+            .replace("$u5b$", "[")
+            .replace("$u5d$", "]")
+            .replace("$u3b$", ";")
+            .replace("$RF$", "&")
+            .replace("$BP$", "*")
+            .replace("..", "::");
+        return own_or_runtime(&plain);
+    }
+    own_or_runtime(name)
+}
+
+fn own_or_runtime(name: &str) -> bool {
+    const OWN: &[&str] = &[
+        "ustrace::",
+        "ustrace_ringbuf::",
+        "ustrace_fprobe::",
+        "ustrace_inspect::",
+        "<ustrace",
+        "core::",
+        "<core::",
+        "alloc::",
+        "<alloc::",
+        "std::",
+        "<std::",
+        "compiler_builtins::",
+        "<&",
+        "<*",
+        "<[",
+        "<(",
+    ];
+    OWN.iter().any(|p| name.starts_with(p))
+        || name.contains("ustrace_ringbuf")
+        || name.contains("ustrace_fprobe")
+        || generic_runtime_impl(name)
+}
+
+/// `<I as core::iter::IntoIterator>::into_iter`, `<u64 as core::ops::Add>::add`: the
+/// standard library's code instantiated for a type parameter or a primitive (what a trait
+/// impl of the program's own types, `<my::Type as core::fmt::Debug>::fmt`, is not).
+fn generic_runtime_impl(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix('<') else {
+        return false;
+    };
+    let Some((self_ty, _)) = rest.split_once(" as ") else {
+        return false;
+    };
+    const PRIMITIVES: &[&str] = &[
+        "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize",
+        "f32", "f64", "bool", "char", "str", "!",
+    ];
+    let param = self_ty.len() <= 3
+        && self_ty
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit());
+    param || PRIMITIVES.contains(&self_ty)
+}
+
+/// The functions the tracer of `instance` patches: `set_ftrace_filter` (all when empty)
+/// minus `set_ftrace_notrace`, minus the tracer's own code (reported as refused). The
+/// function profiler patches the same.
+pub(crate) fn targets(instance: &Arc<Instance>) -> (Vec<usize>, Vec<Refusal>) {
+    let filter = super::filter::selected(instance, SetKind::Filter);
+    let notrace = super::filter::selected(instance, SetKind::Notrace);
+    let inv = ustrace_inspect::symbols::inventory();
+    let mut out = Vec::new();
+    let mut own = Vec::new();
+    let mut last = None;
+    for s in inv.functions() {
+        if last == Some(s.addr) {
+            continue;
+        }
+        last = Some(s.addr);
+        if (!filter.is_empty() && !filter.contains(s.addr)) || notrace.contains(s.addr) {
+            continue;
+        }
+        let (name, _) = inv.lookup(s.addr).unwrap_or((s, 0));
+        if tracer_internal(&name.name) || tracer_internal(&s.name) {
+            own.push(Refusal {
+                function: name.name.clone(),
+                addr: s.addr,
+                reason: "part of the tracer or the runtime it runs on (notrace)".into(),
+            });
+            continue;
+        }
+        out.push(s.addr);
+    }
+    (out, own)
+}
+
+/// Switches `instance` to `kind` (a write of `current_tracer`).
+pub fn switch(instance: &Arc<Instance>, kind: Kind) -> Result<(), Errno> {
+    let st = super::state(instance);
+    let mut running = st.tracer.running.lock().unwrap_or_else(|e| e.into_inner());
+    if current(instance) == kind {
+        return Ok(());
+    }
+    let old = running.take();
+    if let Some(old) = old {
+        stop(old);
+    }
+    st.tracer.patched.store(0, Ordering::Relaxed);
+    if kind == Kind::Nop {
+        st.tracer.current.store(kind.code(), Ordering::Release);
+        return Ok(());
+    }
+    let started = start(instance, &st, kind)?;
+    st.tracer.patched.store(
+        started.fprobe.as_ref().map_or(0, |f| f.functions().len()),
+        Ordering::Relaxed,
+    );
+    *st.tracer.refused.lock().unwrap_or_else(|e| e.into_inner()) = started.refused.clone();
+    // As the kernel's tracer switch: the buffer starts empty for the new tracer.
+    instance.reset_buffer();
+    *running = Some(started);
+    st.tracer.current.store(kind.code(), Ordering::Release);
+    Ok(())
+}
+
+fn stop(old: Running) {
+    if let Some(fp) = old.fprobe {
+        let _ = fp.unregister();
+    }
+    if old.kind == Kind::Graph {
+        SLOTS_USED.fetch_and(!(1 << old.live.slot), Ordering::AcqRel);
+    }
+}
+
+fn knobs_of(instance: &Arc<Instance>, st: &super::State) -> Knobs {
+    Knobs {
+        pids: st
+            .tracer
+            .pids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
+        graph: graph_set(instance, SetKind::Graph),
+        graph_notrace: graph_set(instance, SetKind::GraphNotrace),
+    }
+}
+
+/// `set_graph_function` and `set_graph_notrace` are the top level's, for every instance (the
+/// kernel's graph hashes are global).
+fn graph_set(instance: &Arc<Instance>, kind: SetKind) -> Arc<FunctionSet> {
+    match crate::trace::existing_tracing() {
+        Some(t) => super::filter::selected(t.top(), kind),
+        None => super::filter::selected(instance, kind),
+    }
+}
+
+fn start(instance: &Arc<Instance>, st: &super::State, kind: Kind) -> Result<Running, Errno> {
+    let slot = if kind == Kind::Graph {
+        claim_slot().ok_or(Errno(libc::EBUSY))?
+    } else {
+        0
+    };
+    let knobs = knobs_of(instance, st);
+    let live = Arc::new(Live {
+        shared: instance.shared.clone(),
+        pid_filter: AtomicBool::new(!knobs.pids.is_empty()),
+        graph_filter: AtomicBool::new(!knobs.graph.is_empty() || !knobs.graph_notrace.is_empty()),
+        knobs: RcuCell::empty(),
+        max_depth: AtomicU32::new(MAX_GRAPH_DEPTH.load(Ordering::Relaxed)),
+        thresh_ns: AtomicU64::new(TRACING_THRESH_NS.load(Ordering::Relaxed)),
+        options: AtomicU32::new(st.tracer.options.load(Ordering::Relaxed)),
+        slot,
+    });
+    live.knobs.replace(Some(knobs));
+    let (ips, mut refused) = targets(instance);
+    let fprobe = match register(kind, &live, &ips) {
+        Ok(fp) => {
+            refused.extend(fp.refused());
+            Some(fp)
+        }
+        Err(e) => {
+            if kind == Kind::Graph {
+                SLOTS_USED.fetch_and(!(1 << slot), Ordering::AcqRel);
+            }
+            return Err(e);
+        }
+    };
+    Ok(Running {
+        kind,
+        fprobe,
+        live,
+        refused,
+    })
+}
+
+fn claim_slot() -> Option<usize> {
+    loop {
+        let used = SLOTS_USED.load(Ordering::Acquire);
+        let free = (0..GRAPH_SLOTS).find(|i| used & (1 << i) == 0)?;
+        if SLOTS_USED
+            .compare_exchange(used, used | 1 << free, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return Some(free);
+        }
+    }
+}
+
+/// Registers the tracer's fprobe on `ips`; nothing to patch is not an error (the tracer
+/// runs and records nothing, as the kernel's with a filter on no function).
+fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Fprobe, Errno> {
+    if ips.is_empty() {
+        return Err(Errno::EINVAL);
+    }
+    let builder = match kind {
+        Kind::Function => {
+            let l = live.clone();
+            Fprobe::builder().entry_handler(move |_, ip, parent, _, _| {
+                function_entry(&l, ip, parent);
+                EntryAction::Continue
+            })
+        }
+        Kind::Graph => {
+            let (le, lx) = (live.clone(), live.clone());
+            Fprobe::builder()
+                .entry_data_size(16)
+                .entry_handler(move |_, ip, _, _, data| graph_entry(&le, ip, data))
+                .exit_handler(move |_, ip, _, _, data| graph_exit(&lx, ip, data))
+        }
+        Kind::Nop => return Err(Errno::EINVAL),
+    };
+    builder
+        .register_ips_lenient(ips)
+        .map_err(|_| Errno(libc::ENODEV))
+}
+
+/// Re-applies the instance's sets after one changed: a new patched set for the filter
+/// files, new knobs for the graph files.
+pub(crate) fn sets_changed(instance: &Arc<Instance>, kind: SetKind) {
+    if matches!(kind, SetKind::Graph | SetKind::GraphNotrace) {
+        thresh_changed();
+        return;
+    }
+    let st = super::state(instance);
+    let mut running = st.tracer.running.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(run) = running.as_mut() else {
+        return;
+    };
+    match kind {
+        SetKind::Graph | SetKind::GraphNotrace => {}
+        SetKind::Filter | SetKind::Notrace => {
+            let (ips, mut refused) = targets(instance);
+            // The new fprobe first, then the old one goes: no call in between is missed.
+            let new = register(run.kind, &run.live, &ips).ok();
+            if let Some(fp) = &new {
+                refused.extend(fp.refused());
+            }
+            st.tracer.patched.store(
+                new.as_ref().map_or(0, |f| f.functions().len()),
+                Ordering::Relaxed,
+            );
+            *st.tracer.refused.lock().unwrap_or_else(|e| e.into_inner()) = refused.clone();
+            run.refused = refused;
+            if let Some(old) = std::mem::replace(&mut run.fprobe, new) {
+                let _ = old.unregister();
+            }
+        }
+    }
+}
+
+/// Publishes the pid lists, graph sets, depth limit, threshold and options to the handlers.
+pub(crate) fn republish_all(instance: &Arc<Instance>) {
+    let st = super::state(instance);
+    let running = st.tracer.running.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(run) = running.as_ref() {
+        republish(instance, &st, &run.live);
+    }
+}
+
+fn republish(instance: &Arc<Instance>, st: &super::State, live: &Live) {
+    let knobs = knobs_of(instance, st);
+    live.pid_filter
+        .store(!knobs.pids.is_empty(), Ordering::Release);
+    live.graph_filter.store(
+        !knobs.graph.is_empty() || !knobs.graph_notrace.is_empty(),
+        Ordering::Release,
+    );
+    live.knobs.replace(Some(knobs));
+    live.max_depth
+        .store(MAX_GRAPH_DEPTH.load(Ordering::Relaxed), Ordering::Relaxed);
+    live.thresh_ns
+        .store(TRACING_THRESH_NS.load(Ordering::Relaxed), Ordering::Relaxed);
+    live.options
+        .store(st.tracer.options.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+/// Republishes the process-wide settings (`tracing_thresh`, `max_graph_depth`, the graph
+/// sets) to every running tracer.
+pub(crate) fn thresh_changed() {
+    let Some(tracing) = crate::trace::existing_tracing() else {
+        return;
+    };
+    for instance in tracing.all() {
+        republish_all(&instance);
+    }
+}
+
+impl Live {
+    /// Whether `set_ftrace_pid`/`set_ftrace_notrace_pid` keep the calling thread out.
+    #[inline]
+    fn ignores(&self, tid: i32) -> bool {
+        if !self.pid_filter.load(Ordering::Relaxed) {
+            return false;
+        }
+        let guard = read_lock();
+        self.knobs.get(&guard).is_some_and(|k| k.pids.ignores(tid))
+    }
+}
+
+#[inline(always)]
+fn put_u64(record: &mut [u8], at: usize, v: u64) {
+    record[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+}
+
+#[inline(always)]
+fn put_u32(record: &mut [u8], at: usize, v: u32) {
+    record[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+}
+
+/// The `function` tracer's handler: one record per call.
+#[inline]
+fn function_entry(live: &Live, ip: usize, parent: usize) {
+    let tid = crate::thread::current_tid(&live.shared.record_cmd);
+    if live.ignores(tid) {
+        return;
+    }
+    if let Some(mut slot) = live.shared.buffer.reserve(FUNCTION_LEN) {
+        let record: &mut [u8] = &mut slot;
+        crate::event::field::write_common_header(record, FUNCTION_ID.0, tid);
+        put_u64(record, 8, ip as u64);
+        put_u64(record, 16, parent as u64);
+        slot.commit();
+    } else {
+        return;
+    }
+    if live.options.load(Ordering::Relaxed) & opt::STACK != 0 {
+        stack_after(live, tid);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn stack_after(live: &Live, tid: i32) {
+    let mut frames = [0usize; 64];
+    // Skipped: this function and the handler closure's frames down to the dispatcher.
+    let n = ustrace_inspect::stack::capture(1, &mut frames);
+    live.shared.write_kernel_stack(tid, &frames[..n]);
+}
+
+/// Per-call flags kept in the graph tracer's entry data.
+const LEFT_GRAPH: u32 = 1;
+const LEFT_NOTRACE: u32 = 2;
+const SILENT: u32 = 4;
+
+/// The graph tracer's entry handler.
+#[inline]
+fn graph_entry(live: &Live, ip: usize, data: &mut [u8]) -> EntryAction {
+    let tid = crate::thread::current_tid(&live.shared.record_cmd);
+    if live.ignores(tid) {
+        return EntryAction::SkipExit;
+    }
+    let slot = live.slot;
+    let depth = DEPTH.with(|d| d[slot].get());
+    let mut flags = 0;
+    if live.graph_filter.load(Ordering::Relaxed) {
+        if NOTRACE_IN.with(|n| n[slot].get()) != 0 {
+            return EntryAction::SkipExit;
+        }
+        let guard = read_lock();
+        if let Some(k) = live.knobs.get(&guard) {
+            if k.graph_notrace.contains(ip) {
+                // Neither this function nor its callees are recorded; its exit clears the mark.
+                NOTRACE_IN.with(|n| n[slot].set(depth + 1));
+                flags |= LEFT_NOTRACE | SILENT;
+            } else if !k.graph.is_empty() && GRAPH_IN.with(|g| g[slot].get()) == 0 {
+                if !k.graph.contains(ip) {
+                    return EntryAction::SkipExit;
+                }
+                GRAPH_IN.with(|g| g[slot].set(depth + 1));
+                flags |= LEFT_GRAPH;
+            }
+        }
+    }
+    let max = live.max_depth.load(Ordering::Relaxed);
+    if max != 0 && depth >= max && flags == 0 {
+        return EntryAction::SkipExit;
+    }
+    DEPTH.with(|d| d[slot].set(depth + 1));
+    let calltime = ustrace_ringbuf::clock::now(live.shared.buffer.clock());
+    data[0..8].copy_from_slice(&calltime.to_ne_bytes());
+    data[8..12].copy_from_slice(&depth.to_ne_bytes());
+    data[12..16].copy_from_slice(&flags.to_ne_bytes());
+    if flags & SILENT != 0 || live.thresh_ns.load(Ordering::Relaxed) != 0 {
+        // With tracing_thresh only exits are kept, as the kernel's thresh entry handler.
+        return EntryAction::Continue;
+    }
+    if let Some(mut slot) = live.shared.buffer.reserve(GRAPH_ENTRY_LEN) {
+        let record: &mut [u8] = &mut slot;
+        crate::event::field::write_common_header(record, GRAPH_ENTRY_ID.0, tid);
+        put_u64(record, 8, ip as u64);
+        put_u32(record, 16, depth);
+        put_u32(record, 20, 0);
+        slot.commit();
+    }
+    EntryAction::Continue
+}
+
+/// The graph tracer's exit handler.
+#[inline]
+fn graph_exit(live: &Live, ip: usize, data: &mut [u8]) {
+    let calltime = u64::from_ne_bytes(data[0..8].try_into().expect("8 bytes"));
+    let depth = u32::from_ne_bytes(data[8..12].try_into().expect("4 bytes"));
+    let flags = u32::from_ne_bytes(data[12..16].try_into().expect("4 bytes"));
+    let slot = live.slot;
+    DEPTH.with(|d| d[slot].set(depth));
+    if flags & LEFT_GRAPH != 0 {
+        GRAPH_IN.with(|g| g[slot].set(0));
+    }
+    if flags & LEFT_NOTRACE != 0 {
+        NOTRACE_IN.with(|n| n[slot].set(0));
+    }
+    if flags & SILENT != 0 {
+        return;
+    }
+    let rettime = ustrace_ringbuf::clock::now(live.shared.buffer.clock());
+    let thresh = live.thresh_ns.load(Ordering::Relaxed);
+    if thresh != 0 && rettime.wrapping_sub(calltime) < thresh {
+        return;
+    }
+    let tid = crate::thread::current_tid(&live.shared.record_cmd);
+    if let Some(mut slot) = live.shared.buffer.reserve(GRAPH_EXIT_LEN) {
+        let record: &mut [u8] = &mut slot;
+        crate::event::field::write_common_header(record, GRAPH_EXIT_ID.0, tid);
+        put_u64(record, 8, ip as u64);
+        put_u32(record, 16, depth);
+        put_u32(record, 20, 0);
+        put_u64(record, 24, calltime);
+        put_u64(record, 32, rettime);
+        slot.commit();
+    }
+}

@@ -1,0 +1,619 @@
+//! The `function` and `function_graph` tracers on a C program: a shared library built here
+//! with `cc` and loaded into the test process, whose call structure is known
+//! (`tests/fixtures/calltree.c`). The call trees, nesting, durations and filters are checked
+//! against that structure, and the graph against `uftrace replay` of the same program.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+use ustrace::{Errno, FileSystem};
+
+type Func = extern "C" fn(i64) -> i64;
+
+struct Lib {
+    top: Func,
+    slow: Func,
+    rec: Func,
+    jump: Func,
+    fork: Func,
+    dir: PathBuf,
+}
+
+/// Builds and loads the fixture once; `None` (the test prints `skipped:`) without `cc`.
+fn lib() -> Option<&'static Lib> {
+    static LIB: OnceLock<Option<Lib>> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("ustrace-fntrace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/calltree.c");
+        let so = dir.join("libcalltree.so");
+        let ok = Command::new("cc")
+            .args([
+                "-O1",
+                "-fno-inline",
+                "-fno-omit-frame-pointer",
+                "-shared",
+                "-fPIC",
+                "-o",
+            ])
+            .arg(&so)
+            .arg(&src)
+            .status()
+            .ok()?
+            .success();
+        if !ok {
+            return None;
+        }
+        let path = std::ffi::CString::new(so.to_str()?).ok()?;
+        // SAFETY: loading a library we just built; its constructors are the C runtime's.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+        if handle.is_null() {
+            return None;
+        }
+        let sym = |name: &str| -> Option<Func> {
+            let c = std::ffi::CString::new(name).ok()?;
+            // SAFETY: `handle` is a live library handle and `c` a NUL-terminated name.
+            let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+            // SAFETY: the fixture defines these as `long f(long)`.
+            (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Func>(p) })
+        };
+        Some(Lib {
+            top: sym("ct_top")?,
+            slow: sym("ct_slow")?,
+            rec: sym("ct_rec")?,
+            jump: sym("ct_jump")?,
+            fork: sym("ct_fork")?,
+            dir,
+        })
+    })
+    .as_ref()
+}
+
+/// Tests that switch tracers run one at a time: patching is process-wide.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn instance(name: &str) -> String {
+    let fs = ustrace::tracefs();
+    let _ = fs.write_file(&format!("instances/{name}/current_tracer"), "nop");
+    let _ = fs.rmdir(&format!("instances/{name}"));
+    fs.mkdir(&format!("instances/{name}")).unwrap();
+    format!("instances/{name}")
+}
+
+fn body(trace: &str) -> Vec<String> {
+    trace
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The graph lines without the CPU and duration columns: `name() {`, `name();`, `}`.
+fn shape(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter_map(|l| l.split_once('|').map(|(_, rest)| rest[2..].to_string()))
+        .collect()
+}
+
+const EXPECTED_TOP: &[&str] = &[
+    "ct_top() {",
+    "  ct_mid() {",
+    "    ct_leaf();",
+    "    ct_other_leaf();",
+    "  }",
+    "  ct_leaf();",
+    "  ct_rec() {",
+    "    ct_rec() {",
+    "      ct_rec() {",
+    "        ct_leaf();",
+    "      }",
+    "    }",
+    "  }",
+    "}",
+];
+
+#[test]
+fn function_graph_draws_the_known_call_tree() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_graph_tree");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_*:mod:libcalltree\n",
+    )
+    .unwrap();
+    assert_eq!(
+        fs.read_to_string(&format!("{dir}/available_tracers"))
+            .unwrap(),
+        "function_graph function nop\n"
+    );
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    assert_eq!(
+        fs.read_to_string(&format!("{dir}/current_tracer")).unwrap(),
+        "function_graph\n"
+    );
+    let r = std::thread::spawn(move || (lib.top)(3)).join().unwrap();
+    assert_eq!(r, 43);
+    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    assert!(
+        trace.starts_with(
+            "# tracer: function_graph\n#\n# CPU  DURATION                  FUNCTION CALLS\n\
+             # |     |   |                     |   |   |   |\n"
+        ),
+        "{trace}"
+    );
+    let lines = body(&trace);
+    assert_eq!(shape(&lines), EXPECTED_TOP, "{trace}");
+    // Every line: ` N) ` then a duration column or blanks, then `|  `.
+    for l in &lines {
+        let (cpu, rest) = l.split_once(") ").expect("cpu column");
+        assert!(cpu.trim().parse::<usize>().is_ok(), "{l}");
+        assert!(rest.len() > 15 && &rest[14..17] == "|  ", "{l:?}");
+        if l.ends_with("{") {
+            assert_eq!(&rest[..14], "              ", "{l}");
+        } else {
+            assert!(rest[..14].trim().ends_with("us"), "{l}");
+        }
+    }
+    fs.rmdir(&dir).unwrap();
+}
+
+/// Durations in microseconds of each line that has one, with its nesting.
+fn durations(lines: &[String]) -> Vec<(usize, f64, String)> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once(") ")?;
+            let col = rest
+                .get(..14)?
+                .trim()
+                .trim_start_matches(['+', '!', '#', '*', '@', '$']);
+            let us: f64 = col.trim().strip_suffix("us")?.trim().parse().ok()?;
+            let text = &rest[17..];
+            let depth = (text.len() - text.trim_start().len()) / 2;
+            Some((depth, us, text.trim().to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn durations_nest_and_marks_follow_the_kernel_thresholds() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_graph_durations");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_slow ct_top ct_mid ct_leaf ct_other_leaf ct_rec\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    (lib.top)(1);
+    (lib.slow)(20_000);
+    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    let lines = body(&trace);
+    let d = durations(&lines);
+    // A parent's time covers its children's.
+    let top = d
+        .iter()
+        .find(|(depth, _, t)| *depth == 0 && t == "}")
+        .expect("ct_top closes");
+    let children: f64 = d
+        .iter()
+        .take_while(|x| !(x.0 == 0 && x.2 == "}"))
+        .filter(|(depth, _, _)| *depth == 1)
+        .map(|x| x.1)
+        .sum();
+    assert!(top.1 >= children, "{trace}");
+    // usleep(20 ms) is a leaf of more than 10 ms: the `*` mark.
+    let slow = lines
+        .iter()
+        .find(|l| l.contains("ct_slow();"))
+        .expect("ct_slow leaf");
+    assert!(slow.contains(") * ") || slow.contains(") @ "), "{slow}");
+    fs.rmdir(&dir).unwrap();
+}
+
+#[test]
+fn function_tracer_lines_name_the_caller() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_function");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_*:mod:libcalltree\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/set_ftrace_notrace"), "ct_other_leaf\n")
+        .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function")
+        .unwrap();
+    (lib.top)(3);
+    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    assert!(trace.starts_with("# tracer: function\n#\n"), "{trace}");
+    let funcs: Vec<&str> = body(&trace)
+        .iter()
+        .map(|l| l.split_once(": ").expect("context").1)
+        .map(|t| t.split(" <-").next().unwrap())
+        .map(|s| Box::leak(s.to_string().into_boxed_str()) as &str)
+        .collect();
+    assert_eq!(
+        funcs,
+        ["ct_top", "ct_mid", "ct_leaf", "ct_leaf", "ct_rec", "ct_rec", "ct_rec", "ct_leaf"],
+        "{trace}"
+    );
+    let lines = body(&trace);
+    assert!(lines[1].ends_with("ct_mid <-ct_top"), "{}", lines[1]);
+    assert!(lines[6].ends_with("ct_rec <-ct_rec"), "{}", lines[6]);
+    fs.rmdir(&dir).unwrap();
+}
+
+#[test]
+fn pid_filters_select_exactly_the_threads_they_name() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_pids");
+    assert_eq!(
+        fs.read_to_string(&format!("{dir}/set_ftrace_pid")).unwrap(),
+        "no pid\n"
+    );
+    fs.write_file(&format!("{dir}/set_ftrace_filter"), "ct_rec\n")
+        .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function")
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let worker = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tx.send(unsafe { libc::gettid() }).unwrap();
+        go_rx.recv().unwrap();
+        (lib.rec)(4);
+    });
+    let tid = rx.recv().unwrap();
+    fs.write_file(&format!("{dir}/set_ftrace_pid"), &format!("{tid}\n"))
+        .unwrap();
+    assert_eq!(
+        fs.read_to_string(&format!("{dir}/set_ftrace_pid")).unwrap(),
+        format!("{tid}\n")
+    );
+    (lib.rec)(2); // this thread: not listed
+    go_tx.send(()).unwrap();
+    worker.join().unwrap();
+    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
+    let lines = body(&trace);
+    assert_eq!(lines.len(), 5, "{trace}");
+    assert!(
+        lines.iter().all(|l| l.contains(&format!("-{tid} "))),
+        "{trace}"
+    );
+    // The notrace list keeps a thread out.
+    fs.write_file(&format!("{dir}/set_ftrace_pid"), "").unwrap();
+    fs.write_file(&format!("{dir}/trace"), "").unwrap();
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    fs.write_file(&format!("{dir}/set_ftrace_notrace_pid"), &format!("{me}\n"))
+        .unwrap();
+    (lib.rec)(2);
+    std::thread::spawn(move || (lib.rec)(1)).join().unwrap();
+    let lines = body(&fs.read_to_string(&format!("{dir}/trace")).unwrap());
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines.iter().all(|l| !l.contains(&format!("-{me} "))));
+    assert_eq!(
+        fs.write_file(&format!("{dir}/set_ftrace_pid"), "abc\n"),
+        Err(Errno::EINVAL)
+    );
+    fs.rmdir(&dir).unwrap();
+}
+
+#[test]
+fn graph_function_depth_and_threshold_select_what_they_name() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_graph_sel");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_*:mod:libcalltree\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    // set_graph_function: ct_mid and what it calls only.
+    fs.write_file("set_graph_function", "ct_mid\n").unwrap();
+    (lib.top)(3);
+    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
+    assert_eq!(
+        shape(&body(&trace)),
+        ["ct_mid() {", "  ct_leaf();", "  ct_other_leaf();", "}"],
+        "{trace}"
+    );
+    fs.write_file("set_graph_function", "").unwrap();
+    // set_graph_notrace: ct_rec and its callees vanish.
+    fs.write_file("set_graph_notrace", "ct_rec\n").unwrap();
+    fs.write_file(&format!("{dir}/trace"), "").unwrap();
+    (lib.top)(3);
+    let shown = shape(&body(&fs.read_to_string(&format!("{dir}/trace")).unwrap()));
+    assert_eq!(
+        shown,
+        [
+            "ct_top() {",
+            "  ct_mid() {",
+            "    ct_leaf();",
+            "    ct_other_leaf();",
+            "  }",
+            "  ct_leaf();",
+            "}"
+        ]
+    );
+    fs.write_file("set_graph_notrace", "").unwrap();
+    // max_graph_depth 1: the outermost calls only.
+    fs.write_file("max_graph_depth", "1").unwrap();
+    fs.write_file(&format!("{dir}/trace"), "").unwrap();
+    (lib.top)(3);
+    let shown = shape(&body(&fs.read_to_string(&format!("{dir}/trace")).unwrap()));
+    fs.write_file("max_graph_depth", "0").unwrap();
+    assert_eq!(shown, ["ct_top();"]);
+    // tracing_thresh: only calls longer than it, as `}` lines naming the function.
+    fs.write_file("tracing_thresh", "5000").unwrap();
+    fs.write_file(&format!("{dir}/trace"), "").unwrap();
+    (lib.top)(3);
+    (lib.slow)(10_000);
+    let lines = body(&fs.read_to_string(&format!("{dir}/trace")).unwrap());
+    fs.write_file("tracing_thresh", "0").unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    assert_eq!(shape(&lines), ["} /* ct_slow */"], "{lines:?}");
+    fs.rmdir(&dir).unwrap();
+}
+
+#[test]
+fn graph_matches_uftrace_replay_of_the_same_program() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    if Command::new("uftrace").arg("--version").output().is_err() {
+        println!("skipped: uftrace is not installed");
+        return;
+    }
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/calltree.c");
+    let exe = lib.dir.join("calltree-pg");
+    let built = Command::new("cc")
+        .args(["-O1", "-fno-inline", "-pg", "-DCT_MAIN", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(built, "cc -pg");
+    let data = lib.dir.join("uftrace.data");
+    let rec = Command::new("uftrace")
+        .args(["record", "--no-libcall", "-d"])
+        .arg(&data)
+        .arg(&exe)
+        .status()
+        .expect("uftrace record");
+    assert!(rec.code().is_some());
+    let out = Command::new("uftrace")
+        .args(["replay", "--no-pager", "-f", "none", "-d"])
+        .arg(&data)
+        .output()
+        .expect("uftrace replay");
+    let replay = String::from_utf8_lossy(&out.stdout);
+    // uftrace: `  ct_top() {` with two spaces per level under main(); keep ct_* lines.
+    let theirs: Vec<String> = replay
+        .lines()
+        .filter(|l| l.contains("ct_") || l.trim() == "}")
+        .map(|l| l.trim_end().to_string())
+        .collect();
+    let start = theirs
+        .iter()
+        .position(|l| l.contains("ct_top"))
+        .expect("ct_top in replay");
+    let indent = theirs[start].len() - theirs[start].trim_start().len();
+    let theirs: Vec<String> = theirs[start..]
+        .iter()
+        .map(|l| l.get(indent..).unwrap_or("").trim_end().to_string())
+        .take(EXPECTED_TOP.len())
+        .collect();
+
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_uftrace");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_*:mod:libcalltree\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    (lib.top)(3);
+    let ours = shape(&body(&fs.read_to_string(&format!("{dir}/trace")).unwrap()));
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    fs.rmdir(&dir).unwrap();
+    // uftrace closes leaves with `;` too and puts `}` alone: the same tree, the same order.
+    let normalise = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .map(|l| l.split(" /*").next().unwrap().trim_end().to_string())
+            .collect()
+    };
+    assert_eq!(normalise(&ours), normalise(&theirs), "replay:\n{replay}");
+}
+
+#[test]
+fn every_function_of_the_process_can_be_traced_while_threads_run() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_all");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..3)
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += (lib.top)(i) as u64;
+                    let v: Vec<u64> = (0..64).collect();
+                    n += v.iter().sum::<u64>();
+                    n += format!("{n}").len() as u64;
+                }
+                n
+            })
+        })
+        .collect();
+    for kind in ["function", "function_graph"] {
+        fs.write_file(&format!("{dir}/current_tracer"), kind)
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        (lib.top)(3);
+        fs.write_file(&format!("{dir}/current_tracer"), "nop")
+            .unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    fs.rmdir(&dir).unwrap();
+}
+
+#[test]
+fn record_formats_are_the_running_kernels() {
+    let fs = ustrace::tracefs();
+    for event in ["function", "funcgraph_entry", "funcgraph_exit"] {
+        let ours = fs
+            .read_to_string(&format!("events/ftrace/{event}/format"))
+            .unwrap();
+        let path = format!("/sys/kernel/tracing/events/ftrace/{event}/format");
+        match std::fs::read_to_string(&path) {
+            Ok(kernel) => assert_eq!(ours, kernel, "{event}"),
+            Err(e) => println!("skipped: {path}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn graph_survives_longjmp_tail_calls_and_fork() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_graph_jumps");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_*:mod:libcalltree\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    // longjmp out of two traced frames, then a normal call: the depth is repaired.
+    assert_eq!((lib.jump)(5), 5);
+    (lib.top)(3);
+    // fork: the child calls traced functions and exits; the parent goes on.
+    assert_eq!((lib.fork)(2), 0);
+    (lib.top)(3);
+    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    let shape = shape(&body(&trace));
+    // Both ct_top calls after the jumps draw the same, complete tree at depth 0.
+    let tops: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.as_str() == "ct_top() {")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(tops.len(), 2, "{trace}");
+    for &t in &tops {
+        assert_eq!(&shape[t..t + EXPECTED_TOP.len()], EXPECTED_TOP, "{trace}");
+    }
+    // The tail call: ct_tail jumps to ct_leaf, whose return ends both.
+    assert!(shape.iter().any(|l| l.starts_with("ct_tail")), "{trace}");
+    fs.rmdir(&dir).unwrap();
+}
+
+#[test]
+fn trace_pipe_prints_the_graph_record_by_record() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_graph_pipe");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_mid ct_leaf ct_other_leaf\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    (lib.top)(3);
+    let lines: Vec<String> = fs
+        .read_lines(
+            &format!("{dir}/trace_pipe"),
+            Some(std::time::Duration::from_millis(200)),
+        )
+        .unwrap()
+        .map(|l| l.unwrap())
+        .collect();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    let shown: Vec<String> = lines
+        .iter()
+        .filter_map(|l| l.split_once('|').map(|(_, r)| r[2..].to_string()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "ct_mid() {",
+            "  ct_leaf() {",
+            "  }",
+            "  ct_other_leaf() {",
+            "  }",
+            "}",
+            "ct_leaf() {",
+            "}",
+        ],
+        "{lines:?}"
+    );
+    fs.rmdir(&dir).unwrap();
+}
