@@ -220,7 +220,6 @@ impl Writer {
             .map_or(0, |(a, s)| a + s)
             .max(head.len() as u64);
         self.out.set_len(end)?;
-        self.out.sync_data()?;
         Ok(WriteSummary {
             bytes: end,
             pages: (0..cpus)
