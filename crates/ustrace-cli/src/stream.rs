@@ -158,6 +158,9 @@ pub fn run(args: StreamArgs) -> Result<(), String> {
     let mut threads_read = Instant::now();
     let mut page = vec![0u8; layout.page_size];
     loop {
+        let over = args
+            .duration
+            .is_some_and(|d| start.elapsed().as_secs_f64() >= d);
         let mut batch = Vec::new();
         for cpu in 0..meta.cpus {
             while let Some(data) = source
@@ -186,10 +189,7 @@ pub fn run(args: StreamArgs) -> Result<(), String> {
             }
         }
         if batch.is_empty() {
-            if args
-                .duration
-                .is_some_and(|d| start.elapsed().as_secs_f64() >= d)
-            {
+            if over {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -207,6 +207,11 @@ pub fn run(args: StreamArgs) -> Result<(), String> {
         batch.sort_by_key(|e| (e.ts, e.cpu));
         for ev in &batch {
             outln!("{}", printer.line(ev, args.raw));
+        }
+        // A busy buffer never runs dry: the deadline still ends the stream (after printing
+        // what was read, so nothing taken from the buffer is lost).
+        if over {
+            return Ok(());
         }
     }
 }

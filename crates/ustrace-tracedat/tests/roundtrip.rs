@@ -110,3 +110,43 @@ fn big_headers_are_read_whole() {
     assert_eq!(r.meta().kallsyms, syms.into_bytes());
     assert_eq!(r.events().count(), 0);
 }
+
+/// Thread names that grow past the room left for the headers move the pages written
+/// straight into the file; nothing is lost, for the direct CPU or the others.
+#[test]
+fn headers_that_outgrow_their_room_move_the_pages() {
+    use ustrace_ringbuf::page::PageWriter;
+    let meta = TraceMeta::from_tracefs(&mut |p| read(p), Some(&[])).unwrap();
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("outgrown.dat");
+    let mut w = Writer::create(&path, &meta).unwrap();
+    let mut ts = 10;
+    for i in 0..300u32 {
+        let mut pw = PageWriter::new(ts);
+        for _ in 0..20 {
+            ts += 1;
+            let mut rec = vec![0u8; 16];
+            rec[4..8].copy_from_slice(&(i as i32).to_le_bytes());
+            assert!(pw.push(ts, &rec));
+        }
+        w.push_page((i % 3) as usize, &pw.finish(None)).unwrap();
+    }
+    let mut later = meta.clone();
+    let mut names = String::new();
+    for pid in 0..150_000 {
+        names.push_str(&format!("{pid} thread-name-{pid}\n"));
+    }
+    assert!(names.len() > 2 << 20);
+    later.saved_cmdlines = names.into_bytes();
+    w.update_meta(&later);
+    let summary = w.finish().unwrap();
+    assert_eq!(summary.events.iter().sum::<u64>(), 6000);
+    let r = Reader::open(&path).unwrap();
+    let evs: Vec<_> = r.events().map(Result::unwrap).collect();
+    assert_eq!(evs.len(), 6000);
+    assert!(evs.windows(2).all(|w| w[0].ts < w[1].ts));
+    for (k, e) in evs.iter().enumerate() {
+        assert_eq!(e.pid, (k / 20) as i32);
+        assert_eq!(e.cpu, (k / 20 % 3) as u32);
+    }
+    assert_eq!(evs[20 * 7].comm, "thread-name-7");
+}
