@@ -87,14 +87,16 @@ pub trait HistHooks: Send + Sync {
     fn resolve_refs(&self, _hist: &Hist, _key: HashedKey<'_>, _refs: &mut [u64]) -> bool {
         true
     }
-    /// Runs after the element of `key` was updated for `record`.
+    /// Runs after the element of `key` was updated for `record`. `refs` holds the
+    /// resolved references and is the hook's to fill further (its own references), so
+    /// no copy of it is made per record.
     fn after_update(
         &self,
         _hist: &Hist,
         _elt: &Elt,
         _key: HashedKey<'_>,
         _record: &[u8],
-        _refs: &[u64],
+        _refs: &mut [u64],
     ) {
     }
     /// Appends what an entry's line shows after its values (`onmax`'s `max:` and saved
@@ -196,8 +198,20 @@ impl Ev {
         }
     }
 
-    #[inline]
+    /// The field's value. Leaves a record read or a reference (most keys, values and
+    /// operands) are evaluated in the caller; the rest in [`Ev::eval_node`], out of line.
+    #[inline(always)]
     fn eval(&self, ctx: &Ctx<'_>) -> u64 {
+        match self {
+            Ev::Int(at) => at.read(ctx.record),
+            Ev::VarRef(i) => ctx.refs.get(*i).copied().unwrap_or(0),
+            Ev::Const(c) => *c,
+            _ => self.eval_node(ctx),
+        }
+    }
+
+    #[inline(never)]
+    fn eval_node(&self, ctx: &Ctx<'_>) -> u64 {
         match self {
             Ev::Const(c) => *c,
             Ev::One => 1,
@@ -499,6 +513,7 @@ impl Hist {
         let Some(elt) = self.map.insert_hashed(key) else {
             return;
         };
+        let record = ctx.record;
         let ctx = Ctx {
             record: ctx.record,
             refs: &refs,
@@ -513,7 +528,7 @@ impl Hist {
             elt.set_var(*i, ev.eval(&ctx));
         }
         if let Some(hooks) = hooks {
-            hooks.after_update(self, elt, key, ctx.record, ctx.refs);
+            hooks.after_update(self, elt, key, record, &mut refs);
         }
     }
 }

@@ -444,7 +444,7 @@ impl HistHooks for Inter {
         elt: &Elt,
         key: HashedKey<'_>,
         record: &[u8],
-        refs: &[u64],
+        refs: &mut [u64],
     ) {
         for v in &self.string_vars {
             store_str(elt, v.first, v.words, v.read.str(record));
@@ -452,10 +452,7 @@ impl HistHooks for Inter {
         if self.actions.is_empty() {
             return;
         }
-        let mut vals = [0u64; MAX_REFS];
-        let n = refs.len().min(MAX_REFS);
-        vals[..n].copy_from_slice(&refs[..n]);
-        self.run_actions(elt, key, record, &mut vals);
+        self.run_actions(elt, key, record, refs);
     }
 
     fn print_entry(&self, _hist: &Hist, entry: &show::Entry, out: &mut String) {
