@@ -620,6 +620,19 @@ impl TracingMap {
         Elt::from_words(&self.elt_words[i * self.stride..(i + 1) * self.stride])
     }
 
+    /// Whether element `i` holds `key` (of the map's key size). A one-word key, the
+    /// common single numeric key, is one load and one compare, with no element view made.
+    #[inline(always)]
+    fn key_matches(&self, i: usize, key: &[u8]) -> bool {
+        if let Ok(word) = <[u8; 8]>::try_from(key) {
+            return self
+                .elt_words
+                .get(i * self.stride + KEY_AT)
+                .is_some_and(|w| w.load(Ordering::Relaxed) == u64::from_ne_bytes(word));
+        }
+        self.elt(i).key_eq(key, self.key_words)
+    }
+
     #[inline]
     fn find<const CLAIM: bool>(&self, key: &[u8], hash: u64) -> Option<&Elt> {
         if key.len() != self.cfg.key_size {
@@ -681,9 +694,8 @@ impl TracingMap {
                         word = slot.load(Ordering::Acquire);
                         continue;
                     }
-                    let elt = self.elt(elt_idx - 1);
-                    if elt.key_eq(key, self.key_words) {
-                        return Some(elt);
+                    if self.key_matches(elt_idx - 1, key) {
+                        return Some(self.elt(elt_idx - 1));
                     }
                     break;
                 }
