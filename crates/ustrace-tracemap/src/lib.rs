@@ -49,6 +49,7 @@
 //! - The hash is a 64-bit multiply–fold over 8-byte words (not jhash); the slot is chosen by its
 //!   high bits and the tag is its low 32 bits, so a tag match says more than the slot position
 //!   already did.
+//!   A caller that finds one key in several maps of its size hashes it once ([`HashedKey`]).
 //! - A full pool is detected before a slot is claimed, so a full map costs one shared load per
 //!   new key instead of a compare-and-swap on the table.
 //! - The kernel waits at most a bounded number of times for a half-published slot (it runs with
