@@ -49,6 +49,7 @@
 //! - The hash is a 64-bit multiply–fold over 8-byte words (not jhash); the slot is chosen by its
 //!   high bits and the tag is its low 32 bits, so a tag match says more than the slot position
 //!   already did.
+//!   A caller that finds one key in several maps of its size hashes it once ([`HashedKey`]).
 //! - A full pool is detected before a slot is claimed, so a full map costs one shared load per
 //!   new key instead of a compare-and-swap on the table.
 //! - The kernel waits at most a bounded number of times for a half-published slot (it runs with
@@ -299,6 +300,32 @@ fn hash_key(key: &[u8]) -> u64 {
     fold_mul(h ^ (h >> 29), K_FINAL)
 }
 
+/// A key with its hash, computed once: a record that finds the same key in several maps
+/// (a hist update and the variables it references in other triggers' maps) hashes it once.
+/// The hash covers the key's length, so it serves every map of that key size.
+#[derive(Clone, Copy, Debug)]
+pub struct HashedKey<'a> {
+    bytes: &'a [u8],
+    hash: u64,
+}
+
+impl<'a> HashedKey<'a> {
+    /// Hashes `bytes`.
+    #[inline]
+    pub fn new(bytes: &'a [u8]) -> HashedKey<'a> {
+        HashedKey {
+            bytes,
+            hash: hash_key(bytes),
+        }
+    }
+
+    /// The key's bytes.
+    #[inline]
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+}
+
 impl Elt {
     /// The element at `words` (`stride` words starting with a shape word).
     fn from_words(words: &[AtomicU64]) -> &Elt {
@@ -507,13 +534,25 @@ impl TracingMap {
     /// is not `key_size` bytes long (neither counted).
     #[inline]
     pub fn insert(&self, key: &[u8]) -> Option<&Elt> {
-        self.find::<true>(key)
+        self.find::<true>(key, hash_key(key))
     }
 
     /// Finds `key`'s element; never claims one.
     #[inline]
     pub fn lookup(&self, key: &[u8]) -> Option<&Elt> {
-        self.find::<false>(key)
+        self.find::<false>(key, hash_key(key))
+    }
+
+    /// [`TracingMap::insert`] of a key hashed already.
+    #[inline]
+    pub fn insert_hashed(&self, key: HashedKey<'_>) -> Option<&Elt> {
+        self.find::<true>(key.bytes, key.hash)
+    }
+
+    /// [`TracingMap::lookup`] of a key hashed already.
+    #[inline]
+    pub fn lookup_hashed(&self, key: HashedKey<'_>) -> Option<&Elt> {
+        self.find::<false>(key.bytes, key.hash)
     }
 
     /// New keys refused because the pool was exhausted, since creation or the last `clear`.
@@ -582,8 +621,21 @@ impl TracingMap {
         Elt::from_words(&self.elt_words[i * self.stride..(i + 1) * self.stride])
     }
 
+    /// Whether element `i` holds `key` (of the map's key size). A one-word key, the
+    /// common single numeric key, is one load and one compare, with no element view made.
+    #[inline(always)]
+    fn key_matches(&self, i: usize, key: &[u8]) -> bool {
+        if let Ok(word) = <[u8; 8]>::try_from(key) {
+            return self
+                .elt_words
+                .get(i * self.stride + KEY_AT)
+                .is_some_and(|w| w.load(Ordering::Relaxed) == u64::from_ne_bytes(word));
+        }
+        self.elt(i).key_eq(key, self.key_words)
+    }
+
     #[inline]
-    fn find<const CLAIM: bool>(&self, key: &[u8]) -> Option<&Elt> {
+    fn find<const CLAIM: bool>(&self, key: &[u8], hash: u64) -> Option<&Elt> {
         if key.len() != self.cfg.key_size {
             debug_assert!(
                 false,
@@ -593,7 +645,6 @@ impl TracingMap {
             );
             return None;
         }
-        let hash = hash_key(key);
         // Never 0: a tag of 0 marks a free slot.
         let tag = (hash as u32 | 1) as u64;
         let mask = self.table.len() - 1;
@@ -644,9 +695,8 @@ impl TracingMap {
                         word = slot.load(Ordering::Acquire);
                         continue;
                     }
-                    let elt = self.elt(elt_idx - 1);
-                    if elt.key_eq(key, self.key_words) {
-                        return Some(elt);
+                    if self.key_matches(elt_idx - 1, key) {
+                        return Some(self.elt(elt_idx - 1));
                     }
                     break;
                 }
@@ -819,6 +869,25 @@ mod tests {
         assert_eq!(l.key(), &7u64.to_ne_bytes());
         assert_eq!(m.len(), 1);
         assert_eq!(m.drops(), 0);
+    }
+
+    /// A key hashed once finds the same element in every map of its key size as the plain
+    /// calls do.
+    #[test]
+    fn a_hashed_key_finds_what_the_plain_calls_find() {
+        let (a, b) = (map(16, 13, 1, 0), map(16, 13, 1, 0));
+        let bytes = [3u8; 13];
+        let key = HashedKey::new(&bytes);
+        assert_eq!(key.bytes(), &bytes);
+        assert!(a.lookup_hashed(key).is_none());
+        let e = a.insert_hashed(key).unwrap();
+        e.add(0, 4);
+        assert!(std::ptr::eq(e, a.insert(&bytes).unwrap()));
+        assert!(std::ptr::eq(e, a.lookup_hashed(key).unwrap()));
+        assert!(b.lookup_hashed(key).is_none());
+        b.insert(&bytes).unwrap().add(0, 9);
+        assert_eq!(b.lookup_hashed(key).unwrap().val(0), 9);
+        assert_eq!((a.len(), b.len()), (1, 1));
     }
 
     #[test]

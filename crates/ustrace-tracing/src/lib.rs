@@ -16,7 +16,7 @@
 //!     │ always (some instance records the event)
 //!     ▼
 //!  UstraceLayer::on_event ── SiteMap: metadata address ─> the callsite's event (no lock)
-//!     ── build the record in a per-thread buffer (record.rs) ── RuntimeEvent::emit
+//!     ── build the record in the frame (record.rs) ── RuntimeEvent::emit
 //!     ──> EventFile::record in each recording instance: filter, triggers, ring buffer
 //! ```
 //!
@@ -40,7 +40,7 @@ pub mod names;
 pub mod record;
 mod sites;
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 
 use tracing_core::span::{Attributes, Id, Record};
 use tracing_core::subscriber::Interest;
@@ -50,7 +50,7 @@ use tracing_subscriber::layer::{Context, Filter, Layer};
 use tracing_subscriber::registry::LookupSpan;
 use ustrace::runtime_event::{RuntimeEvent, RuntimeEventDef};
 
-use record::{Fill, Layout};
+use record::{Fill, Layout, StackRecord};
 use sites::SiteMap;
 
 /// The events of one callsite.
@@ -210,52 +210,6 @@ fn site(meta: &'static Metadata<'static>) -> Option<&'static Site> {
 }
 
 thread_local! {
-    /// Where records are built before they are copied into the recording instances.
-    // Const-initialized, so reaching it is no lazy-init check; its room is allocated by the
-    // thread's first record and kept.
-    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Builds a record in the thread's scratch buffer (a fresh one if a `Debug` impl being
-/// formatted traces too) and hands it to `with`.
-fn build(
-    layout: &Layout,
-    level: &tracing_core::Level,
-    fill: impl FnOnce(&mut Fill<'_>),
-    with: impl FnOnce(&[u8]),
-) {
-    let mut fill = Some(fill);
-    let mut with = Some(with);
-    let done = SCRATCH.try_with(|scratch| {
-        let Ok(mut buf) = scratch.try_borrow_mut() else {
-            return false;
-        };
-        if buf.capacity() == 0 {
-            // Room for the longest record, so text never reallocates it.
-            buf.reserve(record::MAX_RECORD + 64);
-        }
-        layout.begin(&mut buf, level);
-        (fill.take().expect("once"))(&mut Fill {
-            layout,
-            buf: &mut buf,
-        });
-        (with.take().expect("once"))(&buf);
-        true
-    });
-    if done != Ok(true) {
-        let mut buf = Vec::new();
-        layout.begin(&mut buf, level);
-        if let (Some(fill), Some(with)) = (fill, with) {
-            fill(&mut Fill {
-                layout,
-                buf: &mut buf,
-            });
-            with(&buf);
-        }
-    }
-}
-
-thread_local! {
     /// The callsite this thread recorded last and its site: a loop or a handler records
     /// the same callsite again and again, and one compare here spares the table's chain of
     /// dependent loads (table, slots, key, value).
@@ -355,12 +309,13 @@ where
         if !ev.is_enabled() {
             return;
         }
-        build(
+        let mut record = StackRecord::new();
+        record.begin(layout, event.metadata().level());
+        event.record(&mut Fill {
             layout,
-            event.metadata().level(),
-            |fill| event.record(fill),
-            |built| emit(ev, built),
-        );
+            buf: &mut record,
+        });
+        emit(ev, record.as_slice());
     }
 
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {

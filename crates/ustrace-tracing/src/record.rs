@@ -20,11 +20,15 @@
 //! Every record starts with `int level` (1 ERROR, 2 WARN, 3 INFO, 4 DEBUG, 5 TRACE, so
 //! `level <= 2` keeps warnings and errors); span events then have `u64 span_id`.
 //!
-//! Records are built in a per-thread scratch buffer (strings go there straight from their
-//! `Debug`/`Display` impl, no `String` is made) and copied into each recording instance.
+//! An event's record is built in the caller's stack frame ([`StackRecord`]: strings go there
+//! straight from their `Debug`/`Display` impl, no `String` is made) and copied into each
+//! recording instance; a span's is kept in a `Vec` in the span's extensions. Both fill
+//! through [`Fill`], which finds a value's place by the field's index in its callsite's
+//! field set (a load from [`Layout::slots`], no name is compared).
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
+use std::mem::MaybeUninit;
 
 use tracing_core::field::{Field, Visit};
 use tracing_core::Level;
@@ -166,6 +170,123 @@ impl Layout {
     }
 }
 
+/// Where [`Fill`] writes: the record so far, and room to append text after it.
+pub trait Buf {
+    /// The record so far, header space included.
+    fn bytes(&mut self) -> &mut [u8];
+    /// Appends `bytes` after the record, as many as fit below [`MAX_RECORD`].
+    fn append(&mut self, bytes: &[u8]);
+    /// The record's length so far.
+    fn len(&self) -> usize;
+    /// Whether nothing is built yet.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Buf for Vec<u8> {
+    #[inline(always)]
+    fn bytes(&mut self) -> &mut [u8] {
+        self
+    }
+    #[inline(always)]
+    fn append(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(MAX_RECORD.saturating_sub(Vec::len(self)));
+        self.extend_from_slice(&bytes[..n]);
+    }
+    #[inline(always)]
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+/// How many bytes [`StackRecord::begin`] zeroes with fixed-size stores, whatever the layout:
+/// the fixed part of a callsite with up to three fields fits, and the stores need no call.
+const ZEROED_HEAD: usize = 64;
+const _: () = assert!(ZEROED_HEAD <= MAX_RECORD);
+
+/// A record built in the caller's frame. Nothing to look up (no thread-local, no borrow
+/// flag), no allocation, and a `Debug` impl that emits an event while its value is being
+/// formatted builds that record in a frame of its own. Only the bytes written are touched:
+/// the fixed part when the record begins, then each text as it is appended.
+pub struct StackRecord {
+    /// `bytes[..len]` are initialized.
+    len: usize,
+    bytes: [MaybeUninit<u8>; MAX_RECORD],
+}
+
+impl StackRecord {
+    /// Room for a record; [`StackRecord::begin`] starts it.
+    #[inline(always)]
+    pub fn new() -> StackRecord {
+        StackRecord {
+            len: 0,
+            bytes: [MaybeUninit::uninit(); MAX_RECORD],
+        }
+    }
+
+    /// Starts a record of `layout`: header space, the fixed part zeroed (every number 0,
+    /// every string "no bytes"), the level.
+    #[inline(always)]
+    pub fn begin(&mut self, layout: &Layout, level: &Level) {
+        let fixed = layout.fixed;
+        let at = self.bytes.as_mut_ptr().cast::<u8>();
+        // SAFETY: `ZEROED_HEAD <= MAX_RECORD`, and `fixed < MAX_RECORD` (`Layout::new`
+        // asserts it), so both writes stay inside `bytes`; `u8` has no alignment.
+        unsafe {
+            at.cast::<[u8; ZEROED_HEAD]>().write([0; ZEROED_HEAD]);
+            if fixed > ZEROED_HEAD {
+                at.add(ZEROED_HEAD).write_bytes(0, fixed - ZEROED_HEAD);
+            }
+        }
+        self.len = fixed;
+        let level = level_number(level).to_ne_bytes();
+        // SAFETY: the level lies in the zeroed head (`LEVEL_OFFSET + 4 <= ZEROED_HEAD`).
+        unsafe { at.add(LEVEL_OFFSET).cast::<[u8; 4]>().write(level) };
+    }
+
+    /// The record as built.
+    #[inline(always)]
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `bytes[..len]` are initialized.
+        unsafe { std::slice::from_raw_parts(self.bytes.as_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+impl Default for StackRecord {
+    fn default() -> Self {
+        StackRecord::new()
+    }
+}
+
+const _: () = assert!(LEVEL_OFFSET + 4 <= ZEROED_HEAD);
+
+impl Buf for StackRecord {
+    #[inline(always)]
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `bytes[..len]` are initialized, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.bytes.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+    #[inline(always)]
+    fn append(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(MAX_RECORD - self.len);
+        // SAFETY: `len + n <= MAX_RECORD`, so the copy stays inside `bytes`, and a caller's
+        // slice cannot overlap our own storage while we hold `&mut self`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.bytes.as_mut_ptr().add(self.len).cast::<u8>(),
+                n,
+            );
+        }
+        self.len += n;
+    }
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 pub fn level_number(level: &Level) -> i32 {
     match *level {
         Level::ERROR => 1,
@@ -188,11 +309,11 @@ pub fn level_name(n: u64) -> &'static str {
 }
 
 /// Appends text to the record's dynamic part, stopping at [`MAX_RECORD`].
-struct Text<'a> {
-    buf: &'a mut Vec<u8>,
+struct Text<'a, B: Buf + ?Sized> {
+    buf: &'a mut B,
 }
 
-impl std::fmt::Write for Text<'_> {
+impl<B: Buf + ?Sized> std::fmt::Write for Text<'_, B> {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
         // One byte stays free for the NUL.
         let room = (MAX_RECORD - 1).saturating_sub(self.buf.len());
@@ -200,18 +321,18 @@ impl std::fmt::Write for Text<'_> {
         while !s.is_char_boundary(n) {
             n -= 1;
         }
-        self.buf.extend_from_slice(&s.as_bytes()[..n]);
+        self.buf.append(&s.as_bytes()[..n]);
         Ok(())
     }
 }
 
 /// Writes recorded values into a record being built.
-pub struct Fill<'a> {
+pub struct Fill<'a, B: Buf + ?Sized> {
     pub layout: &'a Layout,
-    pub buf: &'a mut Vec<u8>,
+    pub buf: &'a mut B,
 }
 
-impl Fill<'_> {
+impl<B: Buf + ?Sized> Fill<'_, B> {
     #[inline(always)]
     fn num(&mut self, field: &Field, value: u64) {
         let Some(slot) = self.layout.slots.get(field.index()) else {
@@ -221,12 +342,12 @@ impl Fill<'_> {
         if at == 0 {
             return;
         }
-        if let Some(dst) = self.buf.get_mut(at..at + 8) {
+        if let Some(dst) = self.buf.bytes().get_mut(at..at + 8) {
             dst.copy_from_slice(&value.to_ne_bytes());
         }
     }
 
-    fn text(&mut self, field: &Field, write: impl FnOnce(&mut Text<'_>)) {
+    fn text(&mut self, field: &Field, write: impl FnOnce(&mut Text<'_, B>)) {
         let Some(slot) = self.layout.slots.get(field.index()) else {
             return;
         };
@@ -236,14 +357,16 @@ impl Fill<'_> {
             return;
         }
         write(&mut Text { buf: self.buf });
-        self.buf.push(0);
+        self.buf.append(&[0]);
         let len = self.buf.len() - start;
         let word = ((len as u32) << 16) | (start as u32 & 0xffff);
-        self.buf[loc..loc + 4].copy_from_slice(&word.to_ne_bytes());
+        if let Some(dst) = self.buf.bytes().get_mut(loc..loc + 4) {
+            dst.copy_from_slice(&word.to_ne_bytes());
+        }
     }
 }
 
-impl Visit for Fill<'_> {
+impl<B: Buf + ?Sized> Visit for Fill<'_, B> {
     fn record_i64(&mut self, field: &Field, value: i64) {
         self.num(field, value as u64);
     }

@@ -381,3 +381,46 @@ fn alternating_callsites_record_their_own_events() {
         );
     }
 }
+
+mod nest {
+    /// A value whose `Debug` emits an event of its own while it is being formatted.
+    pub struct Chatty(pub u64);
+
+    impl std::fmt::Debug for Chatty {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            tracing::info!(name: "inner", depth = self.0);
+            write!(f, "chatty#{}", self.0)
+        }
+    }
+
+    pub fn outer(n: u64, long: &str) {
+        tracing::info!(name: "outer", n, v = ?Chatty(n), long);
+    }
+}
+
+/// Records are built in the caller's frame: an event emitted by a `Debug` impl while the
+/// outer record is half built gets a record of its own and leaves the outer one whole, and
+/// text longer than a record holds is cut where the record ends, not past it.
+#[test]
+fn a_nested_event_and_an_overlong_text_keep_their_records_whole() {
+    let _serial = setup();
+    let t = Instance::new("bridge_nest");
+    nest::outer(0, "");
+    // The inner callsite registers when it is first reached.
+    let _ = format!("{:?}", nest::Chatty(0));
+    t.write("events/bridge_nest/outer/enable", "1").unwrap();
+    t.write("events/bridge_nest/inner/enable", "1").unwrap();
+    let long = "x".repeat(5000);
+    nest::outer(7, &long);
+    let lines = t.lines();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(lines[0].ends_with("inner: INFO depth=7"), "{lines:#?}");
+    let outer = &lines[1];
+    assert!(
+        outer.contains("outer: INFO n=7 v=chatty#7 long=xxx"),
+        "{outer}"
+    );
+    let xs = outer.len() - outer.trim_end_matches('x').len();
+    // The record is at most 3072 bytes; the fixed part and the other text come first.
+    assert!(xs > 2900 && xs < 3072, "{xs} x's");
+}

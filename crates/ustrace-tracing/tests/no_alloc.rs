@@ -38,7 +38,7 @@ fn set(path: &str, text: &str) {
 }
 
 fn count(mut body: impl FnMut()) -> usize {
-    body(); // first call per thread: thread id, name, RCU slot, scratch buffer
+    body(); // first call per thread: thread id, name, RCU slot
     ALLOCS.store(0, Ordering::Relaxed);
     COUNTING.store(true, Ordering::Relaxed);
     for _ in 0..10_000 {

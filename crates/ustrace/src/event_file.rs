@@ -302,7 +302,8 @@ impl EventFile {
     }
 
     /// The record path when a filter or conditional triggers must see the record before it
-    /// is kept: build it in the thread's scratch buffer, decide, copy what is kept.
+    /// is kept: build it aside (on the stack up to [`STACK_RECORD_SIZE`] bytes, else in the
+    /// thread's scratch buffer), decide, copy what is kept.
     #[inline(never)]
     fn record_checked(
         &self,
@@ -312,6 +313,22 @@ impl EventFile {
         finish: impl FnOnce(&mut [u8]),
     ) {
         let pid = thread::current_tid(&self.shared.record_cmd);
+        if len <= STACK_RECORD_SIZE {
+            // A small record (a hist trigger's key event, most events) is built in this
+            // frame: no thread-local to reach, nothing to borrow.
+            let mut buf = [0u8; STACK_RECORD_SIZE];
+            self.write_header(&mut buf, pid);
+            let record = &mut buf[..len];
+            fill(record);
+            let (keep, fired) = self.decide(flags, record);
+            finish(record);
+            let kept = keep && self.shared.buffer.write(record);
+            if kept && flags & flag::STACKS != 0 {
+                record_stacks(&self.shared, flags, pid);
+            }
+            trigger_stage::run_actions(&self.triggers, &self.shared, fired);
+            return;
+        }
         let mut fill = Some(fill);
         let mut finish = Some(finish);
         let built = SCRATCH.try_with(|scratch| {

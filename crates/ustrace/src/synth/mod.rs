@@ -321,6 +321,46 @@ impl Synthetic {
         Ok(())
     }
 
+    /// [`Synthetic::trace`] for an event whose fields are all integers
+    /// ([`Synthetic::ints_only`]), from the values themselves, one per field: what a hist
+    /// action generating the event calls on every match, so it skips checking each value's
+    /// kind and sizing a dynamic part. A wrong count is refused as `trace` refuses it.
+    #[inline]
+    pub(crate) fn trace_ints(&self, values: &[u64]) -> Result<(), SynthError> {
+        if !self.layout.ints_only() || values.len() != self.layout.fields.len() {
+            return Err(SynthError::WrongCount {
+                expected: self.layout.fields.len(),
+                got: values.len(),
+            });
+        }
+        if self.deleted.load(Ordering::Relaxed) {
+            return Err(SynthError::NotFound);
+        }
+        if !self.is_enabled() {
+            return Ok(());
+        }
+        let Some(_nested) = Nested::enter() else {
+            return Ok(());
+        };
+        let guard = crate::rcu::read_lock();
+        let Some(files) = self.files.get(&guard) else {
+            return Ok(());
+        };
+        let len = self.layout.fixed_len();
+        for file in files {
+            if file.wants_record() {
+                file.record(len, |rec| self.layout.fill_ints(values, rec));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every field is an integer, so [`Synthetic::trace_ints`] can record it.
+    #[inline]
+    pub(crate) fn ints_only(&self) -> bool {
+        self.layout.ints_only()
+    }
+
     /// Writes checked values to every attached file.
     #[inline]
     fn emit(&self, values: &[SynthValue<'_>]) {

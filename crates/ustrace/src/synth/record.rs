@@ -114,6 +114,9 @@ pub struct Layout {
     pub(crate) fields: Vec<SynthField>,
     /// Bytes before the dynamic part.
     fixed_len: usize,
+    /// Every field is an integer: a record is `fixed_len` bytes, one 8-byte slot per
+    /// field, and [`Layout::fill_ints`] may write it.
+    ints_only: bool,
 }
 
 /// The bytes of a string value up to its first NUL, at most `max`.
@@ -178,8 +181,50 @@ impl Layout {
             offset += f.slot_size();
         }
         Layout {
+            ints_only: fields.iter().all(|f| f.kind == SynthFieldKind::Int),
             fields,
             fixed_len: offset,
+        }
+    }
+
+    /// Whether every field is an integer ([`Layout::fill_ints`]).
+    #[inline]
+    pub fn ints_only(&self) -> bool {
+        self.ints_only
+    }
+
+    /// The record length of an integers-only layout, common header included.
+    #[inline]
+    pub fn fixed_len(&self) -> usize {
+        self.fixed_len
+    }
+
+    /// [`Layout::fill`] for an integers-only layout, from the values themselves: the
+    /// bytes [`Layout::fill`] writes for `SynthValue::U64` of each, without matching a
+    /// value's kind (`values` has one per field; the caller checked both).
+    #[inline]
+    pub fn fill_ints(&self, values: &[u64], record: &mut [u8]) {
+        debug_assert!(self.ints_only && values.len() == self.fields.len());
+        for (field, &v) in self.fields.iter().zip(values) {
+            let Some(slot) = record.get_mut(field.offset..field.offset + 8) else {
+                return;
+            };
+            // A value is cut to its field's size and the rest of the slot is zero: on a
+            // little-endian machine that is the low bytes of the value, masked.
+            let v = match field.size {
+                1 => u64::from(v as u8),
+                2 => u64::from(v as u16),
+                4 => u64::from(v as u32),
+                _ => v,
+            };
+            let bytes = if cfg!(target_endian = "little") || field.size == 8 {
+                v.to_ne_bytes()
+            } else {
+                let mut b = [0u8; 8];
+                b[..field.size].copy_from_slice(&v.to_ne_bytes()[8 - field.size..]);
+                b
+            };
+            slot.copy_from_slice(&bytes);
         }
     }
 
@@ -386,6 +431,27 @@ mod tests {
         };
         let l = Layout::new(&def);
         (def, l)
+    }
+
+    /// The integer path writes the bytes the general one writes: each value cut to its
+    /// field's size, the rest of its slot zero, every byte after the header written.
+    #[test]
+    fn integers_only_records_match_the_general_fill() {
+        let (_, l) = layout("e u8 a; u16 b; s32 c; u64 d; pid_t p");
+        assert!(l.ints_only());
+        assert!(!layout("e u64 a; char s[]").1.ints_only());
+        let ints = [0x1ff, 0x1_0002, -5i64 as u64, u64::MAX - 1, 0x1_0000_0007];
+        let values = ints.map(SynthValue::U64);
+        l.check(&values).unwrap();
+        assert_eq!(l.record_len(&values), l.fixed_len());
+        let mut general = vec![0xaa; l.fixed_len()];
+        let mut fast = vec![0x55; l.fixed_len()];
+        l.fill(&values, &mut general);
+        l.fill_ints(&ints, &mut fast);
+        assert_eq!(general[COMMON_SIZE..], fast[COMMON_SIZE..]);
+        let mut out = String::new();
+        l.render("e", &fast, &mut out, false);
+        assert_eq!(out, format!("e: a=255 b=2 c=-5 d={} p=7\n", u64::MAX - 1));
     }
 
     #[test]

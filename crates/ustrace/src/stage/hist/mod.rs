@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use ustrace_filter::hist::{self as syntax, flags, DivBy, HistData, HistField, Op};
 use ustrace_filter::FieldClass;
-use ustrace_tracemap::{Elt, MapConfig, TracingMap};
+use ustrace_tracemap::{Elt, HashedKey, MapConfig, TracingMap};
 
 use crate::event::field::read_int;
 
@@ -81,13 +81,24 @@ fn calibrate_stack_skip(skip_slot: &AtomicUsize) -> usize {
 
 /// What inter-event support adds to a histogram's update (see the module doc).
 pub trait HistHooks: Send + Sync {
-    /// Fills the variable references of a record with key `key`; `false` skips the
-    /// update (a referenced variable is not set).
-    fn resolve_refs(&self, _hist: &Hist, _key: &[u8], _refs: &mut [u64]) -> bool {
+    /// Fills the variable references of a record with key `key` (hashed once for the
+    /// update and every map it is looked up in); `false` skips the update (a referenced
+    /// variable is not set).
+    fn resolve_refs(&self, _hist: &Hist, _key: HashedKey<'_>, _refs: &mut [u64]) -> bool {
         true
     }
-    /// Runs after the element of `key` was updated for `record`.
-    fn after_update(&self, _hist: &Hist, _elt: &Elt, _key: &[u8], _record: &[u8], _refs: &[u64]) {}
+    /// Runs after the element of `key` was updated for `record`. `refs` holds the
+    /// resolved references and is the hook's to fill further (its own references), so
+    /// no copy of it is made per record.
+    fn after_update(
+        &self,
+        _hist: &Hist,
+        _elt: &Elt,
+        _key: HashedKey<'_>,
+        _record: &[u8],
+        _refs: &mut [u64],
+    ) {
+    }
     /// Appends what an entry's line shows after its values (`onmax`'s `max:` and saved
     /// fields), before the newline.
     fn print_entry(&self, _hist: &Hist, _entry: &show::Entry, _out: &mut String) {}
@@ -100,11 +111,7 @@ pub trait HistHooks: Send + Sync {
 enum Ev {
     Const(u64),
     One,
-    Int {
-        offset: usize,
-        size: usize,
-        signed: bool,
-    },
+    Int(IntAt),
     Timestamp,
     Cpu,
     Pid,
@@ -186,25 +193,30 @@ impl Ev {
             return Ev::Pid;
         }
         match &f.field {
-            Some(ef) => Ev::Int {
-                offset: ef.offset,
-                size: ef.size,
-                signed: ef.signed,
-            },
+            Some(ef) => Ev::Int(IntAt(ef.offset, ef.size, ef.signed)),
             None => Ev::Const(0),
         }
     }
 
-    #[inline]
+    /// The field's value. Leaves a record read or a reference (most keys, values and
+    /// operands) are evaluated in the caller; the rest in [`Ev::eval_node`], out of line.
+    #[inline(always)]
     fn eval(&self, ctx: &Ctx<'_>) -> u64 {
+        match self {
+            Ev::Int(at) => at.read(ctx.record),
+            Ev::VarRef(i) => ctx.refs.get(*i).copied().unwrap_or(0),
+            Ev::Const(c) => *c,
+            _ => self.eval_node(ctx),
+        }
+    }
+
+    #[inline(never)]
+    fn eval_node(&self, ctx: &Ctx<'_>) -> u64 {
         match self {
             Ev::Const(c) => *c,
             Ev::One => 1,
-            Ev::Int {
-                offset,
-                size,
-                signed,
-            } => read_int(ctx.record, *offset, *size, *signed),
+            // Fixed-size loads: `read_int`'s copy of a run-time length is a `memcpy` call.
+            Ev::Int(at) => at.read(ctx.record),
             Ev::Timestamp => {
                 let ns = ustrace_ringbuf::clock::now(ctx.clock);
                 // `.usecs` converts only a clock that counts nanoseconds, as the kernel's.
@@ -215,7 +227,7 @@ impl Ev {
                 }
             }
             Ev::Cpu => ustrace_ringbuf::cpu::current_cpu() as u64,
-            Ev::Pid => read_int(ctx.record, 4, 4, true),
+            Ev::Pid => IntAt(4, 4, true).read(ctx.record),
             Ev::VarRef(i) => ctx.refs.get(*i).copied().unwrap_or(0),
             Ev::Log2(e) => log2_roundup(e.eval(ctx)),
             Ev::Bucket(e, b) => e.eval(ctx) / b * b,
@@ -335,11 +347,7 @@ struct Plain {
 
 fn plain_int(ev: &Ev) -> Option<IntAt> {
     match ev {
-        Ev::Int {
-            offset,
-            size,
-            signed,
-        } => Some(IntAt(*offset, *size, *signed)),
+        Ev::Int(at) => Some(*at),
         _ => None,
     }
 }
@@ -494,6 +502,7 @@ impl Hist {
 
     #[inline]
     fn update_key(&self, key: &[u8], ctx: &Ctx<'_>) {
+        let key = HashedKey::new(key);
         let mut refs = [0u64; syntax::VARS_MAX];
         let hooks = self.hooks.as_deref();
         if let Some(hooks) = hooks {
@@ -501,9 +510,10 @@ impl Hist {
                 return;
             }
         }
-        let Some(elt) = self.map.insert(key) else {
+        let Some(elt) = self.map.insert_hashed(key) else {
             return;
         };
+        let record = ctx.record;
         let ctx = Ctx {
             record: ctx.record,
             refs: &refs,
@@ -518,7 +528,7 @@ impl Hist {
             elt.set_var(*i, ev.eval(&ctx));
         }
         if let Some(hooks) = hooks {
-            hooks.after_update(self, elt, key, ctx.record, ctx.refs);
+            hooks.after_update(self, elt, key, record, &mut refs);
         }
     }
 }

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ustrace_filter::FieldClass;
-use ustrace_tracemap::Elt;
+use ustrace_tracemap::{Elt, HashedKey};
 
 use crate::buffers::Shared;
 use crate::stage::hist::{show, Hist, HistHooks};
@@ -237,15 +237,20 @@ pub struct Inter {
 
 /// Builds the key of `len` bytes another map expects from this trigger's key: the same
 /// prefix, zero-padded (the kernel looks the other map up with this trigger's key buffer).
+/// A map of the same key size takes the key as it is, hash included.
 #[inline]
-fn with_key_len<R>(key: &[u8], len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-    if key.len() >= len {
-        return f(&key[..len]);
+fn with_key_len<R>(key: HashedKey<'_>, len: usize, f: impl FnOnce(HashedKey<'_>) -> R) -> R {
+    let bytes = key.bytes();
+    if bytes.len() == len {
+        return f(key);
+    }
+    if bytes.len() > len {
+        return f(HashedKey::new(&bytes[..len]));
     }
     let mut buf = [0u8; 512];
-    let n = key.len().min(buf.len());
-    buf[..n].copy_from_slice(&key[..n]);
-    f(&buf[..len.min(buf.len())])
+    let n = bytes.len().min(buf.len());
+    buf[..n].copy_from_slice(&bytes[..n]);
+    f(HashedKey::new(&buf[..len.min(buf.len())]))
 }
 
 impl Inter {
@@ -258,12 +263,12 @@ impl Inter {
     /// `vals`. `false` when one is missing: the record then updates nothing. Read-once
     /// references consumed before the missing one stay consumed, as on the kernel.
     #[inline]
-    pub fn resolve_cross(&self, key: &[u8], vals: &mut [u64]) -> bool {
+    pub fn resolve_cross(&self, key: HashedKey<'_>, vals: &mut [u64]) -> bool {
         for (i, r) in self.refs.iter().enumerate() {
             let Some(hist) = &r.hist else { continue };
             let map = &hist.map;
             let found = with_key_len(key, map.config().key_size, |k| {
-                let elt = map.lookup(k)?;
+                let elt = map.lookup_hashed(k)?;
                 if r.read_once {
                     elt.take_var(r.var)
                 } else {
@@ -296,7 +301,13 @@ impl Inter {
 
     /// Runs the actions after the entry `elt` (key `key`) was updated from `record`, with
     /// the references' values in `vals` (own references resolved here).
-    pub(crate) fn run_actions(&self, elt: &Elt, key: &[u8], record: &[u8], vals: &mut [u64]) {
+    pub(crate) fn run_actions(
+        &self,
+        elt: &Elt,
+        key: HashedKey<'_>,
+        record: &[u8],
+        vals: &mut [u64],
+    ) {
         if self.actions.is_empty() || !self.resolve_own(elt, vals) {
             return;
         }
@@ -325,7 +336,7 @@ impl Inter {
                         TrackThen::Trace(t) => t.fire(elt, key, record, vals),
                         TrackThen::Snapshot(state) => {
                             if let Some(shared) = &self.shared {
-                                state.take(value, key, shared);
+                                state.take(value, key.bytes(), shared);
                             }
                         }
                     }
@@ -422,22 +433,26 @@ impl Inter {
 
 impl HistHooks for Inter {
     #[inline]
-    fn resolve_refs(&self, _hist: &Hist, key: &[u8], refs: &mut [u64]) -> bool {
+    fn resolve_refs(&self, _hist: &Hist, key: HashedKey<'_>, refs: &mut [u64]) -> bool {
         self.resolve_cross(key, refs)
     }
 
     #[inline]
-    fn after_update(&self, _hist: &Hist, elt: &Elt, key: &[u8], record: &[u8], refs: &[u64]) {
+    fn after_update(
+        &self,
+        _hist: &Hist,
+        elt: &Elt,
+        key: HashedKey<'_>,
+        record: &[u8],
+        refs: &mut [u64],
+    ) {
         for v in &self.string_vars {
             store_str(elt, v.first, v.words, v.read.str(record));
         }
         if self.actions.is_empty() {
             return;
         }
-        let mut vals = [0u64; MAX_REFS];
-        let n = refs.len().min(MAX_REFS);
-        vals[..n].copy_from_slice(&refs[..n]);
-        self.run_actions(elt, key, record, &mut vals);
+        self.run_actions(elt, key, record, refs);
     }
 
     fn print_entry(&self, _hist: &Hist, entry: &show::Entry, out: &mut String) {
@@ -453,7 +468,12 @@ impl TraceAction {
     /// Generates the synthetic event from the resolved references, the entry `elt` of
     /// `key` (for string variables) and the record.
     #[inline]
-    fn fire(&self, elt: &Elt, key: &[u8], record: &[u8], vals: &[u64]) {
+    fn fire(&self, elt: &Elt, key: HashedKey<'_>, record: &[u8], vals: &[u64]) {
+        // The common case, latencies and ids: integer fields from references and integer
+        // record fields, passed as plain words with no value kinds to check.
+        if self.params.len() <= 8 && self.synth.ints_only() && self.fire_ints(record, vals) {
+            return;
+        }
         // Most synthetic events have a few fields and no string variable: fill only small
         // arrays for them.
         let strings = self
@@ -469,12 +489,29 @@ impl TraceAction {
         }
     }
 
+    /// Generates an integers-only synthetic event when every parameter is an integer;
+    /// `false` (nothing done) when one is not, for the general path to refuse as it does.
+    #[inline]
+    fn fire_ints(&self, record: &[u8], vals: &[u64]) -> bool {
+        let mut ints = [0u64; 8];
+        for (slot, p) in ints.iter_mut().zip(&self.params) {
+            *slot = match p {
+                Param::Ref(r) => vals.get(*r).copied().unwrap_or(0),
+                Param::Field(f) if !f.is_string() => f.int(record),
+                _ => return false,
+            };
+        }
+        let n = self.params.len().min(ints.len());
+        let _ = self.synth.trace_ints(&ints[..n]);
+        true
+    }
+
     /// `N` values at most, `S` of them string variables.
     #[inline]
     fn fire_with<const N: usize, const S: usize>(
         &self,
         elt: &Elt,
-        key: &[u8],
+        key: HashedKey<'_>,
         record: &[u8],
         vals: &[u64],
     ) {
@@ -494,7 +531,7 @@ impl TraceAction {
             lens[j] = match hist {
                 None => copy(elt, &mut strs[j]),
                 Some(h) => with_key_len(key, h.map.config().key_size, |k| {
-                    h.map.lookup(k).map_or(0, |e| copy(e, &mut strs[j]))
+                    h.map.lookup_hashed(k).map_or(0, |e| copy(e, &mut strs[j]))
                 }),
             };
             j += 1;
@@ -646,9 +683,12 @@ mod tests {
     #[test]
     fn another_maps_key_is_this_keys_prefix_zero_padded() {
         let key = [1u8, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16];
-        assert_eq!(with_key_len(&key, 8, |k| k.to_vec()), key[..8].to_vec());
+        let hashed = HashedKey::new(&key);
+        let bytes = |len| with_key_len(hashed, len, |k| k.bytes().to_vec());
+        assert_eq!(bytes(8), key[..8].to_vec());
+        assert_eq!(bytes(16), key.to_vec());
         let mut padded = key.to_vec();
         padded.resize(24, 0);
-        assert_eq!(with_key_len(&key, 24, |k| k.to_vec()), padded);
+        assert_eq!(bytes(24), padded);
     }
 }
