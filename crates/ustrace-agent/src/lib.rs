@@ -97,6 +97,11 @@ extern "C" fn agent_init() {
     let errors_to = std::env::var_os("USTRACE_AGENT_ERRORS");
     let setup = std::env::var_os("USTRACE_SETUP");
     let events = std::env::var_os("USTRACE_EVENTS");
+    let sync = std::env::var("USTRACE_AGENT_SYNC")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok());
+    // The recorder's handshake is for this process only.
+    set_or_unset("USTRACE_AGENT_SYNC", None);
     if !follow.exec {
         strip_env();
     }
@@ -109,10 +114,28 @@ extern "C" fn agent_init() {
     if !errors.is_empty() {
         report(errors_to.as_deref(), &errors);
     }
+    if let Some(fd) = sync {
+        wait_for_recorder(fd);
+    }
     if follow.fork {
         FOLLOW_FORK.store(true, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: registers a plain extern "C" function for the child side of fork.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    }
+}
+
+/// `ustrace record` maps the buffers before `main` runs (so even a program that exits at
+/// once leaves its events to the recorder): it passes a pipe at `fd`, and writes to it
+/// (or closes it) once it is attached. The fd is closed here: the program never sees it.
+fn wait_for_recorder(fd: i32) {
+    let mut byte = 0u8;
+    // SAFETY: reading one byte into a local from the fd the recorder passed, then
+    // closing it; a bad fd only makes read fail.
+    unsafe {
+        while libc::read(fd, (&mut byte as *mut u8).cast(), 1) < 0
+            && *libc::__errno_location() == libc::EINTR
+        {}
+        libc::close(fd);
     }
 }
 
@@ -210,7 +233,7 @@ fn strip_env() {
             .split(|b| *b == b':' || *b == b' ')
             .filter(|entry| !entry.is_empty() && !is_me(entry))
             .collect();
-        let joined = OsString::from(OsStr::from_bytes(&kept.join(&b':')).to_os_string());
+        let joined = OsStr::from_bytes(&kept.join(&b':')).to_os_string();
         set_or_unset("LD_PRELOAD", (!joined.is_empty()).then_some(&joined));
     }
     for var in OWN_VARS {

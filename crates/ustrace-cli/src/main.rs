@@ -30,6 +30,7 @@ mod bench_scale;
 mod demo;
 mod hist;
 mod mount;
+mod record;
 mod remote;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -110,6 +111,13 @@ enum Command {
                             fusermount3 (package fuse3). A mount left by a killed \
                             `ustrace mount` is cleaned up by the next one on the same directory.")]
     Mount(mount::MountArgs),
+    /// Run a program (any dynamically linked one) with tracing set up, and save its trace.
+    #[command(after_help = "Examples:\n  \
+                            ustrace record -F 'work*' -- ./prog arg      (fprobes on functions)\n  \
+                            ustrace record -e kv:get -f 'hit == 0' -o kv.dat -- ./server\n  \
+                            ustrace record --probe 'f:my/ent parse len=$arg2' -- ./prog\n  \
+                            ustrace record -P 1234 -e kv      (a process that serves; Ctrl-C ends)")]
+    Record(record::RecordArgs),
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     #[command(after_help = "Examples:\n  \
                             ustrace completions bash > /etc/bash_completion.d/ustrace\n  \
@@ -215,6 +223,7 @@ fn main() -> ExitCode {
         Command::Pipe(args) => remote::pipe(args),
         Command::Hist(args) => hist::run(args),
         Command::Mount(args) => mount::run(args),
+        Command::Record(args) => record::run(args),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "ustrace", &mut out);
