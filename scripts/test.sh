@@ -12,7 +12,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     # uftrace, lttng-tools and liblttng-ust-dev are peers of `ustrace bench --peers` (its
     # smoke test runs them for a few thousand calls); linux-source-6.12 carries the kernel's
     # ftrace selftests (scripts/ftrace-selftests.sh).
-    for pkg in libtraceevent-dev fuse3 pkg-config uftrace lttng-tools liblttng-ust-dev \
+    # trace-cmd reads the trace.dat files ustrace writes (ustrace-tracedat's trace_cmd test).
+    for pkg in libtraceevent-dev fuse3 pkg-config uftrace lttng-tools liblttng-ust-dev trace-cmd \
         linux-source-6.12; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
