@@ -113,7 +113,7 @@ impl Session {
         let root = find_root(pid)?;
         let reader =
             ShmReader::open(&root).map_err(|e| format!("cannot map {}: {e}", root.display()))?;
-        let sink = Sink::create(&opts.output, &mut client, reader.nr_cpus())?;
+        let sink = Sink::create(&opts.output, &mut client, pid)?;
         Ok(Session {
             pid,
             client: Some(client),
@@ -197,7 +197,7 @@ impl Session {
             if STOP.load(Ordering::SeqCst) {
                 break None;
             }
-            if last_meta.elapsed() > Duration::from_secs(1) {
+            if last_meta.elapsed() > Duration::from_millis(250) {
                 // Buffers resized meanwhile have new region files; cmdlines grow.
                 let _ = self.reader.refresh();
                 if let Some(c) = self.client.as_mut() {
