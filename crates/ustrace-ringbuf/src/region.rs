@@ -1762,6 +1762,51 @@ impl Region {
         PageCopy::Busy
     }
 
+    /// For a reader of a writer that is gone (its process died): the page at the
+    /// cursor that never became complete because the writer stopped inside an event,
+    /// cut to the events its committed byte count covers. A single writer commits in
+    /// reservation order, so those are the bytes before the event it was writing;
+    /// writers that interleaved on this CPU could leave a later event committed and an
+    /// earlier one not, and that page is then cut at the last whole record of the count.
+    /// The cursor moves past the page. `None` when there is no such page.
+    pub(crate) fn salvage_page_at(
+        &self,
+        cursor: &mut RegionCursor,
+        buf: &mut [u8; PAGE_SIZE],
+    ) -> Option<PageCopy> {
+        let (s, off) = (cursor.pos / D, (cursor.pos % D) as usize);
+        if !matches!(self.page_state(s), PageState::Busy) || off != 0 {
+            return None;
+        }
+        let w = self.load_word(s);
+        if word_tag(w) != s / self.nr_pages as u64 + 1 || !self.copy_page(s, buf) {
+            return None;
+        }
+        let committed = (word_bytes(w) as usize).min(DATA_SIZE);
+        let mut dec = PageDecoder::with_limit(&buf[..], committed, page::read_u64(&buf[..], 0));
+        let mut limit = 0;
+        let mut entries = 0;
+        while let Some(rec) = dec.next_record() {
+            if rec.offset + rec.size > committed {
+                break;
+            }
+            limit = rec.offset + rec.size;
+            if matches!(rec.kind, RecordKind::Data { .. }) {
+                entries += 1;
+            }
+        }
+        let lost = std::mem::take(&mut cursor.lost);
+        let mut commit = limit as u64;
+        if lost > 0 {
+            commit |= page::MISSED_EVENTS;
+        }
+        buf[8..16].copy_from_slice(&commit.to_ne_bytes());
+        cursor.copied += entries;
+        cursor.pos = (s + 1) * D;
+        cursor.ts = 0;
+        Some(PageCopy::Page { len: limit, lost })
+    }
+
     /// Moves a private reader past page `s`, which writers reused before it was read,
     /// to the oldest data left, counting what was lost on the way: the writer's lost
     /// count moved on by the events of every reused page, those this reader copied

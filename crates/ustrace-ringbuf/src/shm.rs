@@ -418,16 +418,38 @@ impl ShmReader {
         buf: &mut [u8; PAGE_SIZE],
         partial: bool,
     ) -> Option<(usize, u64)> {
+        let writer_gone = partial && !self.writer_alive();
         let list = self.cpus.get_mut(cpu)?;
         for (region, cursor) in list.iter_mut() {
             match region.copy_page_at(cursor, buf, partial) {
                 PageCopy::Page { len, lost } => return Some((len, lost)),
                 PageCopy::Empty => continue,
                 // An older region's page in flight holds the newer ones back (order).
-                PageCopy::Busy => return None,
+                PageCopy::Busy if !partial => return None,
+                PageCopy::Busy => {}
             }
+            // The last read: a page left incomplete by a writer that stopped inside an
+            // event (killed) gives up what it committed.
+            if writer_gone {
+                if let Some(PageCopy::Page { len, lost }) = region.salvage_page_at(cursor, buf) {
+                    return Some((len, lost));
+                }
+            }
+            return None;
         }
         None
+    }
+
+    /// Whether the process that writes the buffers still exists (a zombie counts as
+    /// gone: it writes no more).
+    pub fn writer_alive(&self) -> bool {
+        let pid = self.writer_pid();
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+            Err(_) => false,
+        }
     }
 
     /// Counters of `cpu`, summed over its regions: (entries committed, overrun, commit

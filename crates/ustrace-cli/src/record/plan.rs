@@ -89,7 +89,7 @@ pub fn from_args(args: &[String]) -> Result<Plan, String> {
             }
             "-C" | "--clock" => plan.clock = Some(value(&mut i, "-C", inline)?),
             // Flags clap also knows that take a value and do not shape the setup.
-            "-o" | "--output" | "-P" | "--pid" => {
+            "-o" | "--output" | "-P" | "--pid" | "--agent" | "--follow" => {
                 value(&mut i, &flag, inline)?;
             }
             _ if arg.starts_with('-') => {}
