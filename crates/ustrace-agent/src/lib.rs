@@ -16,8 +16,10 @@
 //!   file `USTRACE_AGENT_ERRORS` names (the recorder reads it);
 //! - the buffers' files take fd numbers at or above [`FD_FLOOR`], close-on-exec;
 //! - signal dispositions are as the program left them (the server's socket cleanup
-//!   handlers are taken back out), and every thread the agent starts blocks all signals,
-//!   so a signal meant for the program is never run on the tracer's threads;
+//!   handlers are taken back out), except SIGTRAP/SIGSEGV/SIGBUS once probes are set:
+//!   code patching and fault-safe reads need them, and they pass every signal that is not
+//!   theirs on to the program's handler; every thread the agent starts blocks all
+//!   signals, so a signal meant for the program is never run on the tracer's threads;
 //! - `exec`: the agent removes itself from `LD_PRELOAD` (and the setup variables) unless
 //!   `USTRACE_AGENT_FOLLOW` contains `exec`; `fork`: the child keeps the buffers it shares
 //!   with the parent but serves nothing unless `USTRACE_AGENT_FOLLOW` contains `fork`;
@@ -109,7 +111,9 @@ extern "C" fn agent_init() {
     server::set_fd_floor(FD_FLOOR);
     let mut errors = Vec::new();
     with_program_signals_kept(|| {
-        errors = start(setup.as_deref(), events.as_deref());
+        with_low_fds_taken(|| {
+            errors = start(setup.as_deref(), events.as_deref());
+        })
     });
     if !errors.is_empty() {
         report(errors_to.as_deref(), &errors);
@@ -192,7 +196,9 @@ extern "C" fn after_fork_in_child() {
 
 /// Runs `f` with every signal blocked (threads it starts inherit the mask, so none of
 /// them ever runs the program's handlers), then puts back the program's mask and any
-/// signal disposition `f` changed.
+/// signal disposition `f` changed (the server's socket cleanup on SIGINT/SIGTERM/SIGHUP),
+/// except the tracer's chained SIGTRAP/SIGSEGV/SIGBUS handlers, without which patching
+/// code and fault-safe reads would kill the program.
 fn with_program_signals_kept(f: impl FnOnce()) {
     const NSIG: usize = 65;
     // SAFETY: plain libc calls with valid pointers to zeroed sigset/sigaction values.
@@ -208,7 +214,10 @@ fn with_program_signals_kept(f: impl FnOnce()) {
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         f();
         for sig in 1..NSIG {
-            if !valid[sig] {
+            // The tracer's own: SIGTRAP finishes a code patch another thread ran into,
+            // SIGSEGV/SIGBUS make its memory reads fault-safe. Each hands signals that are
+            // not its own to the handler the program had.
+            if !valid[sig] || [libc::SIGTRAP, libc::SIGSEGV, libc::SIGBUS].contains(&(sig as i32)) {
                 continue;
             }
             let mut now: libc::sigaction = std::mem::zeroed();
@@ -220,6 +229,47 @@ fn with_program_signals_kept(f: impl FnOnce()) {
             }
         }
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+}
+
+/// Runs `f` with every free fd number below the floor taken by a placeholder, so that
+/// whatever the tracer opens while it starts (buffers, socket, `/proc/self/mem` for code
+/// patching, ...) lands at or above the floor, whichever crate opens it; then frees
+/// the placeholders. Only in the constructor: no other thread of the program exists yet
+/// that could want one of those numbers meanwhile.
+fn with_low_fds_taken(f: impl FnOnce()) {
+    // SAFETY: plain fd syscalls on fds this function opens and closes itself.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        let soft = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur as i64
+        } else {
+            0
+        };
+        // Leave room above the floor for what the tracer opens.
+        let floor = i64::from(FD_FLOOR).min(soft - 128);
+        let base = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        let mut taken = Vec::new();
+        if base >= 0 {
+            taken.push(base);
+        }
+        if base >= 0 && floor > 0 {
+            loop {
+                let fd = libc::fcntl(base, libc::F_DUPFD_CLOEXEC, 0);
+                if fd < 0 {
+                    break;
+                }
+                if i64::from(fd) >= floor {
+                    libc::close(fd);
+                    break;
+                }
+                taken.push(fd);
+            }
+        }
+        f();
+        for fd in taken {
+            libc::close(fd);
+        }
     }
 }
 

@@ -546,6 +546,12 @@ fn accept_loop(
                 // falls back to waiting below.
                 reserve = open_reserve();
             }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF | libc::ENOTSOCK)) => {
+                // The program closed our socket (a daemon closing every fd): stop serving
+                // rather than poll a number the program may reuse for a file of its own.
+                (shared.log)("control socket closed by the program; no longer serving");
+                return;
+            }
             Err(e) => {
                 (shared.log)(&format!("control socket accept failed: {e}"));
                 // Out of fds or memory: back off instead of spinning.
@@ -644,7 +650,7 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
         return;
     }
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    if let Ok(clone) = stream.try_clone() {
+    if let Ok(clone) = stream.try_clone().map(above_floor) {
         lock(&shared.conns).insert(id, clone);
     }
     let worker = shared.clone();
