@@ -26,6 +26,7 @@ mod bench;
 mod bench_inter;
 mod bench_measure;
 mod bench_peers;
+mod bench_record;
 mod bench_scale;
 mod demo;
 mod hist;
