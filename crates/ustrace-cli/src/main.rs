@@ -33,6 +33,8 @@ mod hist;
 mod mount;
 mod record;
 mod remote;
+mod report;
+mod stream;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
@@ -101,6 +103,15 @@ enum Command {
                             ustrace hist --tracefs /sys/kernel/tracing kmem:kmalloc\n  \
                             ustrace hist --file saved.hist --value bytes_req")]
     Hist(hist::HistArgs),
+    /// Print a trace.dat as `trace-cmd report` does (or its per-CPU stats).
+    #[command(after_help = "Examples:\n  ustrace report\n  \
+                            ustrace report trace.dat --cpu 0 -F kv:get\n  \
+                            ustrace report --stats trace.dat")]
+    Report(report::ReportArgs),
+    /// Print a process's (or a tracefs's) events live, as `trace-cmd stream` does.
+    #[command(after_help = "Examples:\n  ustrace stream -p 1234\n  \
+                            ustrace stream --tracefs /sys/kernel/tracing --duration 5")]
+    Stream(stream::StreamArgs),
     /// Mount a running process's tracefs on a directory until interrupted.
     #[command(after_help = "Examples:\n  ustrace mount -p 1234 /mnt/t &\n  \
                             echo 1 > /mnt/t/events/kv/enable\n  cat /mnt/t/trace\n  \
@@ -225,6 +236,8 @@ fn main() -> ExitCode {
         Command::Hist(args) => hist::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Record(args) => record::run(args),
+        Command::Report(args) => report::run(args),
+        Command::Stream(args) => stream::run(args),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "ustrace", &mut out);

@@ -156,12 +156,18 @@ fn parse_field(text: &str) -> Option<Field> {
         (decl, "")
     };
     let head = head.trim_end();
-    let split = head.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
-    let name = &head[split + 1..];
+    // The byte after the last character that cannot be in a name (which may be any
+    // character of an untrusted file, multi-byte included).
+    let start = head
+        .char_indices()
+        .rev()
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '_'))
+        .map(|(i, c)| i + c.len_utf8())?;
+    let name = &head[start..];
     if name.is_empty() {
         return None;
     }
-    let base = head[..split + 1].trim();
+    let base = head[..start].trim();
     if base.is_empty() {
         return None;
     }
@@ -253,6 +259,14 @@ print fmt: \"%ps: %s\", (void *)REC->ip, REC->buf\n";
         );
         assert_eq!(f.fields[3].c_type, "u32[4]");
         assert_eq!(f.print_fmt, "\"%ps: %s\", (void *)REC->ip, REC->buf");
+    }
+
+    #[test]
+    fn a_multibyte_character_before_the_name_is_no_panic() {
+        let f = parse_field("unsigned short\u{fffd}common_type;\toffset:0;\tsize:2;\tsigned:0;")
+            .unwrap();
+        assert_eq!(f.name, "common_type");
+        assert!(parse_field("\u{fffd};\toffset:0;\tsize:2;").is_none());
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub mod write;
 
 pub use format::{EventFormat, Field, FieldType};
 pub use meta::TraceMeta;
-pub use page::{decode_page, DecodedPage, PageLayout, PageRecord};
-pub use read::{field_value, Event, Reader, Value};
+pub use page::{count_records, decode_page, DecodedPage, PageLayout, PageRecord};
+pub use read::{field_value, Decoder, Event, Reader, Value};
 pub use text::Printer;
 pub use write::{WriteSummary, Writer};

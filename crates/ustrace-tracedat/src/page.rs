@@ -115,8 +115,7 @@ pub struct PageRecord {
 pub struct DecodedPage {
     /// The page's base timestamp.
     pub base_ts: u64,
-    /// Events lost before this page: `Some(n)` with the stored count, `Some(-1)`-like
-    /// `None` count when flagged but not stored (see [`DecodedPage::missed_unknown`]).
+    /// Events lost before this page, when the page stores their number.
     pub missed: Option<u64>,
     /// Events were lost before this page but their number was not stored.
     pub missed_unknown: bool,
@@ -136,9 +135,29 @@ fn le_u64(b: &[u8], off: usize) -> u64 {
 
 /// Decodes a little-endian page of `layout.page_size` bytes.
 ///
-/// A record that runs past the committed data is an error: the page is corrupt, and
-/// whatever came before it is returned in the error's message context by the caller.
+/// A record that runs past the committed data is an error: the page is corrupt.
 pub fn decode_page(page: &[u8], layout: &PageLayout) -> io::Result<DecodedPage> {
+    let mut records = Vec::new();
+    let mut out = walk_page(page, layout, |r| records.push(r))?;
+    out.records = records;
+    Ok(out)
+}
+
+/// Checks a page and counts its data records without allocating (the writer's check of
+/// every page it is given, on the recording's drain path).
+pub fn count_records(page: &[u8], layout: &PageLayout) -> io::Result<usize> {
+    let mut n = 0;
+    walk_page(page, layout, |_| n += 1)?;
+    Ok(n)
+}
+
+/// Walks the records of a page, giving each data record to `each`; the returned page
+/// has no records (the callers collect them or not).
+fn walk_page(
+    page: &[u8],
+    layout: &PageLayout,
+    mut each: impl FnMut(PageRecord),
+) -> io::Result<DecodedPage> {
     if page.len() != layout.page_size {
         return Err(bad(format!(
             "page is {} bytes, expected {}",
@@ -233,7 +252,7 @@ pub fn decode_page(page: &[u8], layout: &PageLayout) -> io::Result<DecodedPage> 
                     return Err(corrupt());
                 }
                 ts = ts.wrapping_add(delta);
-                out.records.push(PageRecord {
+                each(PageRecord {
                     ts,
                     start: layout.data_offset + off + 8,
                     len: (body - 4 + 3) & !3,
@@ -246,7 +265,7 @@ pub fn decode_page(page: &[u8], layout: &PageLayout) -> io::Result<DecodedPage> 
                     return Err(corrupt());
                 }
                 ts = ts.wrapping_add(delta);
-                out.records.push(PageRecord {
+                each(PageRecord {
                     ts,
                     start: layout.data_offset + off + 4,
                     len: n as usize * 4,

@@ -69,16 +69,37 @@ pub struct Event {
     pub data: Vec<u8>,
 }
 
+/// Where the file's bytes are.
+enum Backing {
+    File(File),
+    Memory(Vec<u8>),
+}
+
+impl Backing {
+    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> io::Result<()> {
+        match self {
+            Backing::File(f) => f.read_exact_at(buf, at),
+            Backing::Memory(m) => {
+                let start = usize::try_from(at).unwrap_or(usize::MAX);
+                let src = start
+                    .checked_add(buf.len())
+                    .and_then(|end| m.get(start..end))
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+                buf.copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Reads a trace.dat file.
 pub struct Reader {
-    file: File,
+    file: Backing,
     meta: TraceMeta,
     layout: PageLayout,
-    formats: HashMap<u16, Arc<EventFormat>>,
+    decoder: Decoder,
     cpu_data: Vec<(u64, u64)>,
     cpu_stats: Vec<(usize, String)>,
-    cmdlines: HashMap<i32, String>,
-    tgids: HashMap<i32, i32>,
     version: u32,
     options: Vec<(u16, Vec<u8>)>,
 }
@@ -101,10 +122,13 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize, what: &str) -> io::Result<&'a [u8]> {
         if self.buf.len() - self.pos < n {
-            return Err(bad(format!(
-                "trace.dat truncated in {what} (need {n} bytes at offset {})",
-                self.pos
-            )));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "trace.dat truncated in {what} (need {n} bytes at offset {})",
+                    self.pos
+                ),
+            ));
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -146,7 +170,11 @@ impl<'a> Cursor<'a> {
         let n = self.u32(what)? as usize;
         // Each item takes at least `min_each` bytes: a count the file cannot hold is bad.
         if n.saturating_mul(min_each) > self.buf.len() - self.pos {
-            return Err(bad(format!("trace.dat: {what} count {n} exceeds the file")));
+            // Like a short read: the caller may retry with more of the file.
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("trace.dat: {what} count {n} exceeds the file"),
+            ));
         }
         Ok(n)
     }
@@ -157,25 +185,49 @@ impl Reader {
     pub fn open(path: &Path) -> io::Result<Reader> {
         let file = File::open(path)?;
         let len = file.metadata()?.len();
-        // The headers are read whole; they end before the first page, which for any
-        // sane file is well under this bound. Pages are read one at a time later.
-        let head_len = len.min(256 << 20) as usize;
-        let mut head = vec![0u8; head_len];
-        file.read_exact_at(&mut head, 0)?;
-        Self::parse(&head, len, file)
+        // The headers are parsed from a prefix of the file that grows until they fit
+        // (they end before the first page; pages are read one at a time later).
+        let backing = Backing::File(file);
+        let mut head_len = len.min(1 << 20);
+        loop {
+            let mut head = vec![0u8; head_len as usize];
+            backing.read_exact_at(&mut head, 0)?;
+            match Self::parse(&head, len, &backing) {
+                Err(e)
+                    if e.kind() == io::ErrorKind::UnexpectedEof && head_len < len.min(MAX_HEAD) =>
+                {
+                    head_len = (head_len * 4).min(len).min(MAX_HEAD);
+                }
+                Err(e) => return Err(e),
+                Ok(parts) => return Ok(Self::build(parts, backing)),
+            }
+        }
     }
 
-    /// Parses a whole file held in memory (the fuzz target's door), then reads events
-    /// through a scratch file. `bytes` is the file.
-    pub fn parse_bytes(bytes: &[u8], scratch: File) -> io::Result<Reader> {
-        use std::io::Write;
-        let mut f = scratch;
-        f.set_len(0)?;
-        f.write_all(bytes)?;
-        Self::parse(bytes, bytes.len() as u64, f)
+    /// Parses a whole file held in memory (what the fuzz target feeds).
+    pub fn from_bytes(bytes: Vec<u8>) -> io::Result<Reader> {
+        let backing = Backing::Memory(bytes);
+        let parsed = match &backing {
+            Backing::Memory(m) => Self::parse(m, m.len() as u64, &backing)?,
+            Backing::File(_) => return Err(bad("not a file in memory")),
+        };
+        Ok(Self::build(parsed, backing))
     }
 
-    fn parse(head: &[u8], file_len: u64, file: File) -> io::Result<Reader> {
+    fn build(p: Parsed, file: Backing) -> Reader {
+        Reader {
+            file,
+            meta: p.meta,
+            layout: p.layout,
+            decoder: p.decoder,
+            cpu_data: p.cpu_data,
+            cpu_stats: p.cpu_stats,
+            version: p.version,
+            options: p.options,
+        }
+    }
+
+    fn parse(head: &[u8], file_len: u64, file: &Backing) -> io::Result<Parsed> {
         let mut c = Cursor { buf: head, pos: 0 };
         if c.take(MAGIC.len(), "magic")? != MAGIC {
             return Err(bad("not a trace.dat file (bad magic)"));
@@ -184,9 +236,9 @@ impl Reader {
             .cstr("version")?
             .parse()
             .map_err(|_| bad("trace.dat: bad version string"))?;
-        if version != 6 {
+        if version != 6 && version != 7 {
             return Err(bad(format!(
-                "trace.dat version {version} is not supported (only 6)"
+                "trace.dat version {version} is not supported (6 and 7 are)"
             )));
         }
         let endian = c.take(1, "endian")?[0];
@@ -195,74 +247,22 @@ impl Reader {
         }
         let _long_size = c.take(1, "long size")?[0];
         let page_size = c.u32("page size")?;
-        if c.take(12, "header_page")? != b"header_page\0" {
-            return Err(bad("trace.dat: header_page missing"));
-        }
-        let header_page = c.block8("header_page")?.to_vec();
-        if c.take(13, "header_event")? != b"header_event\0" {
-            return Err(bad("trace.dat: header_event missing"));
-        }
-        let header_event = c.block8("header_event")?.to_vec();
-        let layout = PageLayout::parse(&String::from_utf8_lossy(&header_page))?;
+        let parts = if version == 6 {
+            parse_v6(&mut c, file_len)?
+        } else {
+            parse_v7(&mut c, file_len, file)?
+        };
+        let layout = PageLayout::parse(&String::from_utf8_lossy(&parts.header_page))?;
         if layout.page_size != page_size as usize {
             return Err(bad(format!(
                 "trace.dat: page size {page_size} but header_page describes {}",
                 layout.page_size
             )));
         }
-        let n = c.count("ftrace formats", 8)?;
-        let mut ftrace_formats = Vec::with_capacity(n);
-        for _ in 0..n {
-            ftrace_formats.push(c.block8("ftrace format")?.to_vec());
-        }
-        let n = c.count("event systems", 5)?;
-        let mut event_formats = Vec::with_capacity(n);
-        for _ in 0..n {
-            let system = c.cstr("system name")?;
-            let k = c.count("event formats", 8)?;
-            let mut v = Vec::with_capacity(k);
-            for _ in 0..k {
-                v.push(c.block8("event format")?.to_vec());
-            }
-            event_formats.push((system, v));
-        }
-        let kallsyms = c.block4("kallsyms")?.to_vec();
-        let printk_formats = c.block4("printk formats")?.to_vec();
-        let saved_cmdlines = c.block8("saved_cmdlines")?.to_vec();
-        let cpus = c.count("cpus", 16)?;
-        let mut options = Vec::new();
-        let mut label = c.take(10, "section label")?;
-        if label == b"options  \0" {
-            loop {
-                let id = c.u16("option id")?;
-                if id == option::DONE {
-                    break;
-                }
-                let data = c.block4("option")?.to_vec();
-                options.push((id, data));
-            }
-            label = c.take(10, "section label")?;
-        }
-        if label == b"latency  \0" {
-            return Err(bad("latency-format trace.dat files hold text, not events"));
-        }
-        if label != b"flyrecord\0" {
-            return Err(bad("trace.dat: no flyrecord section"));
-        }
-        let mut cpu_data = Vec::with_capacity(cpus);
-        for cpu in 0..cpus {
-            let offset = c.u64("cpu table")?;
-            let size = c.u64("cpu table")?;
-            if offset.checked_add(size).is_none_or(|end| end > file_len) {
-                return Err(bad(format!(
-                    "trace.dat truncated: cpu {cpu} data at {offset}+{size} past the end {file_len}"
-                )));
-            }
-            cpu_data.push((offset, size));
-        }
-        let mut trace_clock = "local".to_string();
+        let mut trace_clock = parts.clock.unwrap_or_else(|| "local".to_string());
         let mut cpu_stats = Vec::new();
-        for (id, data) in &options {
+        let mut cpu_count = None;
+        for (id, data) in &parts.options {
             let text = String::from_utf8_lossy(data.split(|&b| b == 0).next().unwrap_or(&[]));
             match *id {
                 option::TRACECLOCK => {
@@ -278,47 +278,38 @@ impl Reader {
                         }
                     }
                 }
+                option::CPUCOUNT if data.len() >= 4 => {
+                    cpu_count = Some(u32::from_le_bytes([data[0], data[1], data[2], data[3]]));
+                }
                 _ => {}
             }
         }
-        if options.iter().any(|(id, _)| *id == option::TRACECLOCK) {
-            // Version 6 repeats the clock after the CPU table.
-            if let Ok(text) = c.block8("trace clock") {
-                if let Some(clock) = selected_clock(&String::from_utf8_lossy(text)) {
-                    trace_clock = clock;
-                }
-            }
-        }
+        let cpus = parts
+            .cpus
+            .max(cpu_count.map_or(0, |n| n as usize).min(4096))
+            .max(parts.cpu_data.len());
         let meta = TraceMeta {
-            header_page,
-            header_event,
-            ftrace_formats,
-            event_formats,
-            kallsyms,
-            printk_formats,
-            saved_cmdlines,
+            header_page: parts.header_page,
+            header_event: parts.header_event,
+            ftrace_formats: parts.ftrace_formats,
+            event_formats: parts.event_formats,
+            kallsyms: parts.kallsyms,
+            printk_formats: parts.printk_formats,
+            saved_cmdlines: parts.saved_cmdlines,
             saved_tgids: Vec::new(),
             trace_clock,
             cpus,
             page_size,
         };
-        let mut formats = HashMap::new();
-        for f in meta.formats()? {
-            formats.insert(f.id, Arc::new(f));
-        }
-        let cmdlines = meta.cmdlines();
-        let tgids = meta.tgids();
-        Ok(Reader {
-            file,
+        let decoder = Decoder::new(&meta)?;
+        Ok(Parsed {
             meta,
             layout,
-            formats,
-            cpu_data,
+            decoder,
+            cpu_data: parts.cpu_data,
             cpu_stats,
-            cmdlines,
-            tgids,
             version,
-            options,
+            options: parts.options,
         })
     }
 
@@ -344,12 +335,17 @@ impl Reader {
 
     /// The format of event `id`.
     pub fn format(&self, id: u16) -> Option<&Arc<EventFormat>> {
-        self.formats.get(&id)
+        self.decoder.formats.get(&id)
     }
 
     /// Every event format in the file.
     pub fn formats(&self) -> impl Iterator<Item = &Arc<EventFormat>> {
-        self.formats.values()
+        self.decoder.formats.values()
+    }
+
+    /// The record decoder of this file's formats and thread names.
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
     }
 
     /// Offset and size of each CPU's pages in the file.
@@ -383,6 +379,47 @@ impl Reader {
 
     /// Decodes one record (`data`: common header first) of `cpu` at `ts`.
     pub fn decode(&self, cpu: u32, ts: u64, data: &[u8], missed_events: i64) -> Event {
+        self.decoder.decode(cpu, ts, data, missed_events)
+    }
+}
+
+/// Turns records into [`Event`]s with a [`TraceMeta`]'s formats and thread names; what
+/// the [`Reader`] uses for files and a live reader (`ustrace stream`) uses for pages read
+/// from `trace_pipe_raw`.
+#[derive(Clone, Debug, Default)]
+pub struct Decoder {
+    formats: HashMap<u16, Arc<EventFormat>>,
+    cmdlines: HashMap<i32, String>,
+    tgids: HashMap<i32, i32>,
+}
+
+impl Decoder {
+    /// A decoder for the formats and threads of `meta`.
+    pub fn new(meta: &TraceMeta) -> io::Result<Decoder> {
+        let mut formats = HashMap::new();
+        for f in meta.formats()? {
+            formats.insert(f.id, Arc::new(f));
+        }
+        Ok(Decoder {
+            formats,
+            cmdlines: meta.cmdlines(),
+            tgids: meta.tgids(),
+        })
+    }
+
+    /// Takes newer thread names and thread groups (a live reader re-reads them).
+    pub fn update_threads(&mut self, meta: &TraceMeta) {
+        self.cmdlines = meta.cmdlines();
+        self.tgids = meta.tgids();
+    }
+
+    /// Every format known.
+    pub fn formats(&self) -> impl Iterator<Item = &Arc<EventFormat>> {
+        self.formats.values()
+    }
+
+    /// Decodes one record (`data`: common header first) of `cpu` at `ts`.
+    pub fn decode(&self, cpu: u32, ts: u64, data: &[u8], missed_events: i64) -> Event {
         decode_event(
             &self.formats,
             &self.cmdlines,
@@ -393,6 +430,271 @@ impl Reader {
             missed_events,
         )
     }
+}
+
+/// The most of a file read to find its headers: they end before the first page, and no
+/// trace-cmd writes more than a few MiB of formats.
+const MAX_HEAD: u64 = 256 << 20;
+
+/// A parsed file, before it is given its bytes.
+struct Parsed {
+    meta: TraceMeta,
+    layout: PageLayout,
+    decoder: Decoder,
+    cpu_data: Vec<(u64, u64)>,
+    cpu_stats: Vec<(usize, String)>,
+    version: u32,
+    options: Vec<(u16, Vec<u8>)>,
+}
+
+/// What the version-specific parts of a file give.
+#[derive(Default)]
+struct Parts {
+    header_page: Vec<u8>,
+    header_event: Vec<u8>,
+    ftrace_formats: Vec<Vec<u8>>,
+    event_formats: Vec<(String, Vec<Vec<u8>>)>,
+    kallsyms: Vec<u8>,
+    printk_formats: Vec<u8>,
+    saved_cmdlines: Vec<u8>,
+    options: Vec<(u16, Vec<u8>)>,
+    /// Offset and size of each CPU's pages, by CPU number.
+    cpu_data: Vec<(u64, u64)>,
+    /// The CPU count the file states (v6's header).
+    cpus: usize,
+    /// The clock stored outside the options (v6 after the CPU table, v7 in BUFFER).
+    clock: Option<String>,
+}
+
+fn header_info(c: &mut Cursor<'_>, p: &mut Parts) -> io::Result<()> {
+    if c.take(12, "header_page")? != b"header_page\0" {
+        return Err(bad("trace.dat: header_page missing"));
+    }
+    p.header_page = c.block8("header_page")?.to_vec();
+    if c.take(13, "header_event")? != b"header_event\0" {
+        return Err(bad("trace.dat: header_event missing"));
+    }
+    p.header_event = c.block8("header_event")?.to_vec();
+    Ok(())
+}
+
+fn ftrace_formats(c: &mut Cursor<'_>) -> io::Result<Vec<Vec<u8>>> {
+    let n = c.count("ftrace formats", 8)?;
+    (0..n)
+        .map(|_| Ok(c.block8("ftrace format")?.to_vec()))
+        .collect()
+}
+
+fn event_formats(c: &mut Cursor<'_>) -> io::Result<Vec<(String, Vec<Vec<u8>>)>> {
+    let n = c.count("event systems", 5)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let system = c.cstr("system name")?;
+        let k = c.count("event formats", 8)?;
+        let formats = (0..k)
+            .map(|_| Ok(c.block8("event format")?.to_vec()))
+            .collect::<io::Result<Vec<_>>>()?;
+        out.push((system, formats));
+    }
+    Ok(out)
+}
+
+fn check_cpu_data(cpu: usize, offset: u64, size: u64, file_len: u64) -> io::Result<()> {
+    if offset.checked_add(size).is_none_or(|end| end > file_len) {
+        return Err(bad(format!(
+            "trace.dat truncated: cpu {cpu} data at {offset}+{size} past the end {file_len}"
+        )));
+    }
+    Ok(())
+}
+
+/// Version 6: everything in a fixed order, then the CPU table.
+fn parse_v6(c: &mut Cursor<'_>, file_len: u64) -> io::Result<Parts> {
+    let mut p = Parts::default();
+    header_info(c, &mut p)?;
+    p.ftrace_formats = ftrace_formats(c)?;
+    p.event_formats = event_formats(c)?;
+    p.kallsyms = c.block4("kallsyms")?.to_vec();
+    p.printk_formats = c.block4("printk formats")?.to_vec();
+    p.saved_cmdlines = c.block8("saved_cmdlines")?.to_vec();
+    p.cpus = c.count("cpus", 16)?;
+    let mut label = c.take(10, "section label")?;
+    if label == b"options  \0" {
+        loop {
+            let id = c.u16("option id")?;
+            if id == option::DONE {
+                break;
+            }
+            let data = c.block4("option")?.to_vec();
+            p.options.push((id, data));
+        }
+        label = c.take(10, "section label")?;
+    }
+    if label == b"latency  \0" {
+        return Err(bad("latency-format trace.dat files hold text, not events"));
+    }
+    if label != b"flyrecord\0" {
+        return Err(bad("trace.dat: no flyrecord section"));
+    }
+    for cpu in 0..p.cpus {
+        let offset = c.u64("cpu table")?;
+        let size = c.u64("cpu table")?;
+        check_cpu_data(cpu, offset, size, file_len)?;
+        p.cpu_data.push((offset, size));
+    }
+    if p.options.iter().any(|(id, _)| *id == option::TRACECLOCK) {
+        // Version 6 repeats the clock after the CPU table.
+        if let Ok(text) = c.block8("trace clock") {
+            p.clock = selected_clock(&String::from_utf8_lossy(text));
+        }
+    }
+    Ok(p)
+}
+
+/// Checks the header of the section at `offset` (id `want`, not compressed, inside the
+/// file); the size of its body.
+fn section_header(file: &Backing, file_len: u64, offset: u64, want: u16) -> io::Result<u64> {
+    let mut head = [0u8; 16];
+    if offset.checked_add(16).is_none_or(|end| end > file_len) {
+        return Err(bad(format!("trace.dat: section at {offset} past the end")));
+    }
+    file.read_exact_at(&mut head, offset)?;
+    let id = u16::from_le_bytes([head[0], head[1]]);
+    let flags = u16::from_le_bytes([head[2], head[3]]);
+    let mut size = [0u8; 8];
+    size.copy_from_slice(&head[8..16]);
+    let size = u64::from_le_bytes(size);
+    if id != want {
+        return Err(bad(format!(
+            "trace.dat: section at {offset} is {id}, expected {want}"
+        )));
+    }
+    if flags & 1 != 0 {
+        return Err(bad("compressed trace.dat sections are not supported \
+             (trace-cmd convert --compression none makes a readable copy)"));
+    }
+    if (offset + 16)
+        .checked_add(size)
+        .is_none_or(|end| end > file_len)
+    {
+        return Err(bad(format!(
+            "trace.dat: section at {offset} runs past the end"
+        )));
+    }
+    Ok(size)
+}
+
+/// Reads the body of the section at `offset` (see [`section_header`]).
+fn section(file: &Backing, file_len: u64, offset: u64, want: u16) -> io::Result<Vec<u8>> {
+    let size = section_header(file, file_len, offset, want)?;
+    let mut data = vec![0u8; size as usize];
+    file.read_exact_at(&mut data, offset + 16)?;
+    Ok(data)
+}
+
+fn offset_of(data: &[u8]) -> io::Result<u64> {
+    let b: [u8; 8] = data
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| bad("trace.dat: short offset option"))?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// Version 7: sections anywhere, found through chained options sections.
+fn parse_v7(c: &mut Cursor<'_>, file_len: u64, file: &Backing) -> io::Result<Parts> {
+    let algorithm = c.cstr("compression")?;
+    let _version = c.cstr("compression version")?;
+    if algorithm != "none" {
+        return Err(bad(format!(
+            "trace.dat compressed with {algorithm} is not supported \
+             (trace-cmd convert --compression none makes a readable copy)"
+        )));
+    }
+    let mut p = Parts::default();
+    let mut next = c.u64("options offset")?;
+    let mut seen = Vec::new();
+    while next != 0 {
+        if seen.contains(&next) || seen.len() > 1024 {
+            return Err(bad("trace.dat: options sections form a loop"));
+        }
+        seen.push(next);
+        let data = section(file, file_len, next, option::DONE)?;
+        let mut oc = Cursor { buf: &data, pos: 0 };
+        loop {
+            let id = oc.u16("option id")?;
+            let body = oc.block4("option")?;
+            if id == option::DONE {
+                next = offset_of(body)?;
+                break;
+            }
+            p.options.push((id, body.to_vec()));
+        }
+    }
+    let find = |id: u16| {
+        p.options
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, d)| offset_of(d))
+            .transpose()
+    };
+    let header_at = find(option::HEADER_INFO)?
+        .ok_or_else(|| bad("trace.dat: no header_page/header_event section"))?;
+    let data = section(file, file_len, header_at, option::HEADER_INFO)?;
+    let mut parts = Parts::default();
+    header_info(&mut Cursor { buf: &data, pos: 0 }, &mut parts)?;
+    if let Some(at) = find(option::FTRACE_EVENTS)? {
+        let data = section(file, file_len, at, option::FTRACE_EVENTS)?;
+        parts.ftrace_formats = ftrace_formats(&mut Cursor { buf: &data, pos: 0 })?;
+    }
+    if let Some(at) = find(option::EVENT_FORMATS)? {
+        let data = section(file, file_len, at, option::EVENT_FORMATS)?;
+        parts.event_formats = event_formats(&mut Cursor { buf: &data, pos: 0 })?;
+    }
+    if let Some(at) = find(option::KALLSYMS)? {
+        let data = section(file, file_len, at, option::KALLSYMS)?;
+        parts.kallsyms = Cursor { buf: &data, pos: 0 }.block4("kallsyms")?.to_vec();
+    }
+    if let Some(at) = find(option::PRINTK)? {
+        let data = section(file, file_len, at, option::PRINTK)?;
+        parts.printk_formats = Cursor { buf: &data, pos: 0 }.block4("printk")?.to_vec();
+    }
+    if let Some(at) = find(option::CMDLINES)? {
+        let data = section(file, file_len, at, option::CMDLINES)?;
+        parts.saved_cmdlines = Cursor { buf: &data, pos: 0 }.block8("cmdlines")?.to_vec();
+    }
+    // The top instance's buffer (name ""): its clock and each CPU's pages.
+    for (id, data) in &p.options {
+        if *id != option::BUFFER {
+            continue;
+        }
+        let mut bc = Cursor { buf: data, pos: 0 };
+        let at = bc.u64("buffer offset")?;
+        let name = bc.cstr("buffer name")?;
+        if !name.is_empty() {
+            continue;
+        }
+        let clock = bc.cstr("buffer clock")?;
+        let _page_size = bc.u32("buffer page size")?;
+        let n = bc.count("buffer cpus", 20)?;
+        // Only the header: the section's body is the pages, read page by page later.
+        section_header(file, file_len, at, option::BUFFER)?;
+        for _ in 0..n {
+            let cpu = bc.u32("buffer cpu")? as usize;
+            let offset = bc.u64("buffer cpu offset")?;
+            let size = bc.u64("buffer cpu size")?;
+            if cpu >= 4096 {
+                return Err(bad(format!("trace.dat: cpu {cpu} out of range")));
+            }
+            check_cpu_data(cpu, offset, size, file_len)?;
+            if parts.cpu_data.len() <= cpu {
+                parts.cpu_data.resize(cpu + 1, (0, 0));
+            }
+            parts.cpu_data[cpu] = (offset, size);
+        }
+        parts.clock = Some(clock);
+    }
+    parts.options = p.options;
+    Ok(parts)
 }
 
 struct CpuCursor {

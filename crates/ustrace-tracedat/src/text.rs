@@ -93,9 +93,19 @@ fn field_desc(f: &Field) -> FieldDesc {
     }
 }
 
+/// How `--raw` prints one field, as libtraceevent's field printer decides it.
+enum RawField {
+    /// With the field's own conversion from the print format (`0x` kept when the format
+    /// text before it ends in `0x`).
+    Conv { fmt: PrintFmt, zero_x: bool },
+    /// By its type alone.
+    Plain,
+}
+
 /// Prints events as `trace-cmd report` does.
 pub struct Printer {
     fmts: HashMap<u16, Result<PrintFmt, String>>,
+    raw: HashMap<u16, Vec<(Field, RawField)>>,
     usecs: bool,
     symbols: Symbols,
 }
@@ -116,21 +126,22 @@ impl Printer {
         clock: &str,
         kallsyms: &[u8],
     ) -> Printer {
-        let fmts = formats
-            .into_iter()
-            .map(|f| {
-                let fields: Vec<FieldDesc> = f
-                    .common
-                    .iter()
-                    .chain(f.fields.iter())
-                    .map(field_desc)
-                    .collect();
-                let compiled = PrintFmt::compile(&f.print_fmt, &fields).map_err(|e| e.to_string());
-                (f.id, compiled)
-            })
-            .collect();
+        let mut fmts = HashMap::new();
+        let mut raw = HashMap::new();
+        for f in formats {
+            let fields: Vec<FieldDesc> = f
+                .common
+                .iter()
+                .chain(f.fields.iter())
+                .map(field_desc)
+                .collect();
+            let compiled = PrintFmt::compile(&f.print_fmt, &fields).map_err(|e| e.to_string());
+            raw.insert(f.id, raw_plan(f, &fields, compiled.is_ok()));
+            fmts.insert(f.id, compiled);
+        }
         Printer {
             fmts,
+            raw,
             usecs: clock_in_usecs(clock),
             symbols: Symbols::parse(kallsyms),
         }
@@ -183,7 +194,7 @@ impl Printer {
             s.push_str(&" ".repeat(20 - name.len()));
         }
         if raw {
-            raw_fields(ev, &mut s);
+            self.raw_info(ev, &mut s);
         } else {
             self.info(ev, &mut s);
         }
@@ -194,7 +205,244 @@ impl Printer {
     }
 }
 
-/// `name=value` for every field, as libtraceevent's raw output.
+impl Printer {
+    /// ` name=value` for every field, as libtraceevent's field printer (`trace-cmd
+    /// report -R`) writes them.
+    pub fn raw_info(&self, ev: &Event, out: &mut String) {
+        let Some(plan) = self.raw.get(&ev.id) else {
+            raw_fields(ev, out);
+            return;
+        };
+        for (field, how) in plan {
+            let _ = write!(out, " {}=", field.name);
+            match how {
+                RawField::Conv { fmt, zero_x } => {
+                    if *zero_x {
+                        out.push_str("0x");
+                    }
+                    fmt.render(&ev.data, &self.symbols, out);
+                }
+                RawField::Plain => plain_field(&ev.data, field, out),
+            }
+        }
+    }
+}
+
+/// A field printed by its type (libtraceevent's rules): printable strings as text, other
+/// arrays as `ARRAY[hex bytes]`, pointers and `long`s in hex, other integers in decimal.
+fn plain_field(data: &[u8], field: &Field, out: &mut String) {
+    let bytes: Option<&[u8]> = match field.ty {
+        FieldType::CharArray | FieldType::IntArray { .. } => {
+            data.get(field.offset..field.offset.saturating_add(field.size))
+        }
+        FieldType::TailString => data.get(field.offset..),
+        FieldType::DynString | FieldType::DynArray | FieldType::RelString => {
+            crate::read::loc_bytes(data, field)
+        }
+        FieldType::Int | FieldType::Pointer => None,
+    };
+    if let Some(bytes) = bytes {
+        let text = bytes.split(|&b| b == 0).next().unwrap_or(&[]);
+        let is_string = matches!(
+            field.ty,
+            FieldType::CharArray
+                | FieldType::TailString
+                | FieldType::DynString
+                | FieldType::RelString
+        );
+        if is_string
+            && text
+                .iter()
+                .all(|&b| b.is_ascii_graphic() || b.is_ascii_whitespace())
+        {
+            out.push_str(&String::from_utf8_lossy(text));
+        } else {
+            out.push_str("ARRAY[");
+            for (i, b) in bytes.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                let _ = write!(out, "{b:02x}");
+            }
+            out.push(']');
+        }
+        return;
+    }
+    let raw = match crate::read::field_value(data, field) {
+        Value::Int(v) => v as u64,
+        Value::UInt(v) => v,
+        _ => 0,
+    };
+    let long = field.c_type.ends_with("long") && !field.c_type.ends_with("long long");
+    if field.ty == FieldType::Pointer {
+        let _ = write!(out, "0x{raw:x}");
+    } else if field.signed {
+        let v = raw as i64;
+        let _ = match field.size {
+            4 if long => write!(out, "0x{:x}", v as i32),
+            4 => write!(out, "{}", v as i32),
+            2 => write!(out, "{:2}", v as i16),
+            1 => write!(out, "{}", v as i8),
+            _ => write!(out, "{v}"),
+        };
+    } else if long {
+        let _ = write!(out, "0x{raw:x}");
+    } else {
+        let _ = write!(out, "{raw}");
+    }
+}
+
+/// One conversion of a print format: the text before it, the conversion, its argument.
+struct Conversion {
+    before: String,
+    spec: String,
+    arg: String,
+}
+
+/// Splits `"text", arg, arg` into its conversions, or `None` if it cannot.
+fn conversions(print_fmt: &str) -> Option<Vec<Conversion>> {
+    let text = print_fmt.trim();
+    let mut chars = text.strip_prefix('"')?.chars();
+    let mut literal = String::new();
+    loop {
+        match chars.next()? {
+            '"' => break,
+            '\\' => {
+                let c = chars.next()?;
+                literal.push(match c {
+                    'n' => '\n',
+                    't' => '\t',
+                    other => other,
+                });
+            }
+            c => literal.push(c),
+        }
+    }
+    let rest: String = chars.collect();
+    let mut args = Vec::new();
+    let (mut depth, mut quoted, mut cur) = (0i32, false, String::new());
+    for c in rest.trim_start().trim_start_matches(',').chars() {
+        match c {
+            '"' => quoted = !quoted,
+            '(' | '[' | '{' if !quoted => depth += 1,
+            ')' | ']' | '}' if !quoted => depth -= 1,
+            ',' if !quoted && depth == 0 => {
+                args.push(std::mem::take(&mut cur).trim().to_string());
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    if !cur.trim().is_empty() {
+        args.push(cur.trim().to_string());
+    }
+    let mut out = Vec::new();
+    let mut args = args.into_iter();
+    let mut before = String::new();
+    let mut it = literal.chars().peekable();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            before.push(c);
+            continue;
+        }
+        if it.peek() == Some(&'%') {
+            it.next();
+            before.push('%');
+            continue;
+        }
+        let mut spec = String::from("%");
+        while let Some(&c) = it.peek() {
+            spec.push(c);
+            it.next();
+            if c.is_ascii_alphabetic() && !matches!(c, 'h' | 'l' | 'z' | 'j' | 't' | 'L' | 'q') {
+                if c == 'p' {
+                    while let Some(&e) = it.peek() {
+                        if !e.is_ascii_alphanumeric() {
+                            break;
+                        }
+                        spec.push(e);
+                        it.next();
+                    }
+                }
+                break;
+            }
+        }
+        out.push(Conversion {
+            before: std::mem::take(&mut before),
+            spec,
+            arg: args.next()?,
+        });
+    }
+    Some(out)
+}
+
+/// The argument with its casts and outer parentheses taken off: `(void *)REC->ip` and
+/// `(REC->ip)` are `REC->ip`.
+fn strip_casts(arg: &str) -> &str {
+    let mut a = arg.trim();
+    while a.starts_with('(') {
+        let mut depth = 0;
+        let mut close = None;
+        for (i, c) in a.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = Some(i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        match close {
+            // `(T)expr`: a cast.
+            Some(i) if i + 1 < a.len() => a = a[i + 1..].trim(),
+            // `(expr)`: parentheses around the whole.
+            Some(i) if i + 1 == a.len() => a = a[1..i].trim(),
+            _ => break,
+        }
+    }
+    a
+}
+
+/// How each field of `f` prints raw: libtraceevent looks, for a number, for the next
+/// conversion (cyclically, from after the last one used) whose argument is that field.
+fn raw_plan(f: &EventFormat, fields: &[FieldDesc], fmt_ok: bool) -> Vec<(Field, RawField)> {
+    let convs = if fmt_ok {
+        conversions(&f.print_fmt).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let mut next = 0usize;
+    f.fields
+        .iter()
+        .map(|field| {
+            let is_number = matches!(field.ty, FieldType::Int | FieldType::Pointer);
+            let want = format!("REC->{}", field.name);
+            let found = (0..convs.len())
+                .map(|k| (next + k) % convs.len())
+                .find(|&i| is_number && strip_casts(&convs[i].arg) == want);
+            let how = found
+                .and_then(|i| {
+                    let c = &convs[i];
+                    let fmt =
+                        PrintFmt::compile(&format!("\"{}\", {}", c.spec, c.arg), fields).ok()?;
+                    next = i + 1;
+                    Some(RawField::Conv {
+                        fmt,
+                        zero_x: c.before.ends_with("0x"),
+                    })
+                })
+                .unwrap_or(RawField::Plain);
+            (field.clone(), how)
+        })
+        .collect()
+}
+
+/// `name=value` for every field, by value alone (for events without a format).
 pub fn raw_fields(ev: &Event, out: &mut String) {
     for (name, value) in &ev.fields {
         let _ = write!(out, " {name}=");
@@ -241,6 +489,29 @@ mod tests {
         assert_eq!(s.symbolize(0x2000, false).as_deref(), Some("bar"));
         assert_eq!(s.symbolize(0x10, false), None);
         assert_eq!(s.plain_pointer(0), "(nil)");
+    }
+
+    #[test]
+    fn print_formats_split_into_conversions() {
+        let c =
+            conversions(r#""(%lx) a=0x%x s=%s%%", REC->__probe_ip, (u32)(REC->a), __get_str(s)"#)
+                .unwrap();
+        let got: Vec<_> = c
+            .iter()
+            .map(|c| (c.before.as_str(), c.spec.as_str(), strip_casts(&c.arg)))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("(", "%lx", "REC->__probe_ip"),
+                (") a=0x", "%x", "REC->a"),
+                (" s=", "%s", "__get_str(s)"),
+            ]
+        );
+        assert_eq!(
+            conversions(r#""%ps: %s", (void *)REC->ip, REC->buf"#).unwrap()[0].spec,
+            "%ps"
+        );
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! [`Writer`]: streams pages to a trace.dat (trace-cmd's file version 6, uncompressed).
 //!
 //! Version 6 keeps each CPU's pages contiguous after the headers, and the headers hold
-//! what is only known at the end (saved_cmdlines, per-CPU stats). So pages go to one
-//! unlinked scratch file per CPU as they arrive (any interleaving of CPUs), and `finish`
-//! writes the headers, the options (per-CPU stats, the clock), the CPU table, and then
-//! copies each CPU's pages at a page-aligned offset, as trace-cmd's own recorder does.
+//! what is only known at the end (saved_cmdlines, per-CPU stats). So the first CPU to
+//! send a page writes straight into the file, after room left for the headers (the
+//! headers as they would be now plus 256 KiB for what grows); every other CPU's pages go to
+//! an unlinked scratch file, and `finish` writes the headers, the options (per-CPU stats,
+//! the clock), the CPU table, and copies the scratch files in at page-aligned offsets (the
+//! table says where each CPU is, in any order). A single-CPU recording is written once;
+//! headers that outgrew their room move the direct CPU's pages past the others.
 //! Version 6 is what every trace-cmd (2.x and 3.x) and KernelShark read.
 //!
 //! ```text
@@ -16,10 +19,11 @@
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::meta::TraceMeta;
-use crate::page::{decode_page, PageLayout};
+use crate::page::{count_records, PageLayout};
 
 /// trace.dat's magic bytes and the word that follows.
 pub(crate) const MAGIC: &[u8] = b"\x17\x08\x44tracing";
@@ -28,8 +32,16 @@ pub(crate) const MAGIC: &[u8] = b"\x17\x08\x44tracing";
 pub(crate) mod option {
     pub const DONE: u16 = 0;
     pub const CPUSTAT: u16 = 2;
+    pub const BUFFER: u16 = 3;
     pub const TRACECLOCK: u16 = 4;
+    pub const CPUCOUNT: u16 = 8;
     pub const VERSION: u16 = 9;
+    pub const HEADER_INFO: u16 = 16;
+    pub const FTRACE_EVENTS: u16 = 17;
+    pub const EVENT_FORMATS: u16 = 18;
+    pub const KALLSYMS: u16 = 19;
+    pub const PRINTK: u16 = 20;
+    pub const CMDLINES: u16 = 21;
 }
 
 /// What [`Writer::finish`] wrote.
@@ -44,11 +56,15 @@ pub struct WriteSummary {
 }
 
 struct CpuData {
+    /// Where its pages go: the file itself (the direct CPU) or its scratch file.
     file: Option<BufWriter<File>>,
     bytes: u64,
     pages: u64,
     events: u64,
 }
+
+/// Room for the headers written at the end beyond what they take at the start.
+const HEAD_SLACK: u64 = 256 << 10;
 
 /// Streams a trace.dat to disk: pages arrive per CPU in any interleaving.
 pub struct Writer {
@@ -58,6 +74,10 @@ pub struct Writer {
     layout: PageLayout,
     cpus: Vec<CpuData>,
     stats: Vec<(usize, String)>,
+    /// The CPU whose pages go straight into the file, at `reserve`.
+    direct: Option<usize>,
+    /// Where the direct CPU's pages start: after room for the headers.
+    reserve: u64,
 }
 
 impl std::fmt::Debug for Writer {
@@ -87,7 +107,18 @@ impl Writer {
         let layout = meta.page_layout()?;
         // Check the formats now rather than write a file no reader can use.
         meta.formats()?;
-        let out = File::create(path)?;
+        // Read too: headers that outgrow their room move pages within the file.
+        let out = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        let cpus = meta.cpus.max(1);
+        let placeholder: Vec<(usize, String)> = (0..cpus).map(|c| (c, " ".repeat(300))).collect();
+        let (head, _) = build_head(meta, cpus, &placeholder);
+        let page = layout.page_size as u64;
+        let reserve = (head.len() as u64 + HEAD_SLACK).div_ceil(page) * page;
         Ok(Writer {
             path: path.to_path_buf(),
             out,
@@ -95,6 +126,8 @@ impl Writer {
             layout,
             cpus: Vec::new(),
             stats: Vec::new(),
+            direct: None,
+            reserve,
         })
     }
 
@@ -117,7 +150,7 @@ impl Writer {
         } else {
             page
         };
-        let decoded = decode_page(page, &self.layout)?;
+        let events = count_records(page, &self.layout)?;
         if cpu >= 4096 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -134,14 +167,22 @@ impl Writer {
         }
         let data = &mut self.cpus[cpu];
         if data.file.is_none() {
-            data.file = Some(BufWriter::with_capacity(1 << 16, scratch(&self.path, cpu)?));
+            let file = if self.direct.is_none() {
+                let mut file = self.out.try_clone()?;
+                file.seek(SeekFrom::Start(self.reserve))?;
+                self.direct = Some(cpu);
+                file
+            } else {
+                scratch(&self.path, cpu)?
+            };
+            data.file = Some(BufWriter::with_capacity(1 << 16, file));
         }
         if let Some(file) = data.file.as_mut() {
             file.write_all(page)?;
         }
         data.bytes += size as u64;
         data.pages += 1;
-        data.events += decoded.records.len() as u64;
+        data.events += events as u64;
         Ok(())
     }
 
@@ -166,29 +207,46 @@ impl Writer {
     pub fn finish(mut self) -> io::Result<WriteSummary> {
         let cpus = self.meta.cpus.max(self.cpus.len()).max(1);
         self.stats.sort_by_key(|(c, _)| *c);
-        let mut head = Vec::new();
-        write_headers(&mut head, &self.meta, cpus, &self.stats);
-        head.extend_from_slice(b"flyrecord\0");
-        let table_at = head.len();
-        head.resize(head.len() + 16 * cpus, 0);
-        let clock = format!("[{}]", self.meta.trace_clock);
-        head.extend_from_slice(&(clock.len() as u64).to_le_bytes());
-        head.extend_from_slice(clock.as_bytes());
+        let (mut head, table_at) = build_head(&self.meta, cpus, &self.stats);
         let page = self.layout.page_size as u64;
-        let mut offset = (head.len() as u64).div_ceil(page) * page;
+        let round = |n: u64| n.div_ceil(page) * page;
+        // The direct CPU's pages are in the file already; flush what is buffered.
+        let direct = self.direct;
+        let direct_size = direct.map_or(0, |c| self.cpus[c].bytes);
+        if let Some(c) = direct {
+            if let Some(buf) = self.cpus[c].file.take() {
+                buf.into_inner().map_err(|e| e.into_error())?;
+            }
+        }
+        let fits = head.len() as u64 <= self.reserve;
+        let mut offset = if direct.is_none() {
+            round(head.len() as u64)
+        } else if fits {
+            round(self.reserve + direct_size)
+        } else {
+            round((head.len() as u64).max(self.reserve + direct_size))
+        };
         let mut placed = Vec::with_capacity(cpus);
         for cpu in 0..cpus {
             let size = self.cpus.get(cpu).map_or(0, |d| d.bytes);
-            placed.push((offset, size));
-            let at = table_at + cpu * 16;
-            head[at..at + 8].copy_from_slice(&offset.to_le_bytes());
-            head[at + 8..at + 16].copy_from_slice(&size.to_le_bytes());
-            offset = (offset + size).div_ceil(page) * page;
+            let at = if fits && direct == Some(cpu) {
+                self.reserve
+            } else {
+                let at = offset;
+                offset = round(offset + size);
+                at
+            };
+            placed.push((at, size));
+            let t = table_at + cpu * 16;
+            head[t..t + 8].copy_from_slice(&at.to_le_bytes());
+            head[t + 8..t + 16].copy_from_slice(&size.to_le_bytes());
         }
-        let mut out = BufWriter::new(&self.out);
-        out.write_all(&head)?;
-        out.flush()?;
-        drop(out);
+        if let (Some(c), false) = (direct, fits) {
+            // The headers outgrew their room: move the direct pages to their new place
+            // (after the old one, so the ranges do not overlap) before the headers
+            // overwrite their start.
+            move_within(&self.out, self.reserve, placed[c].0, direct_size)?;
+        }
         for (cpu, &(at, size)) in placed.iter().enumerate() {
             let Some(data) = self.cpus.get_mut(cpu) else {
                 continue;
@@ -207,12 +265,14 @@ impl Writer {
                 ));
             }
         }
+        self.out.write_all_at(&head, 0)?;
         let end = placed
-            .last()
-            .map_or(0, |(a, s)| a + s)
+            .iter()
+            .map(|(a, s)| a + s)
+            .max()
+            .unwrap_or(0)
             .max(head.len() as u64);
         self.out.set_len(end)?;
-        self.out.sync_data()?;
         Ok(WriteSummary {
             bytes: end,
             pages: (0..cpus)
@@ -223,6 +283,32 @@ impl Writer {
                 .collect(),
         })
     }
+}
+
+/// Copies `len` bytes of `file` from `from` to `to` (`to >= from + len`).
+fn move_within(file: &File, from: u64, to: u64, len: u64) -> io::Result<()> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], from + done)?;
+        file.write_all_at(&buf[..n], to + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// Everything before the CPU data, with the CPU table zeroed; where the table starts.
+fn build_head(meta: &TraceMeta, cpus: usize, stats: &[(usize, String)]) -> (Vec<u8>, usize) {
+    let mut head = Vec::new();
+    write_headers(&mut head, meta, cpus, stats);
+    head.extend_from_slice(b"flyrecord\0");
+    let table_at = head.len();
+    head.resize(head.len() + 16 * cpus, 0);
+    let clock = format!("[{}]", meta.trace_clock);
+    head.extend_from_slice(&(clock.len() as u64).to_le_bytes());
+    head.extend_from_slice(clock.as_bytes());
+    (head, table_at)
 }
 
 fn put_block8(out: &mut Vec<u8>, data: &[u8]) {

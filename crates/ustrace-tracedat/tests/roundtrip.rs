@@ -89,3 +89,64 @@ fn events_written_come_back() {
     let print = evs.iter().find(|e| e.name == "print").unwrap();
     assert_eq!(print.fields[1].1, Value::Str("hello marker\n".into()));
 }
+
+/// Headers bigger than the reader's first look (1 MiB of symbols) are read whole.
+#[test]
+fn big_headers_are_read_whole() {
+    let mut meta = TraceMeta::from_tracefs(&mut |p| read(p), Some(&[])).unwrap();
+    let mut syms = String::new();
+    for i in 0..60_000u64 {
+        syms.push_str(&format!("{:016x} T symbol_number_{i}\n", 0x1000 + i * 16));
+    }
+    assert!(syms.len() > 2 << 20);
+    meta.kallsyms = syms.clone().into_bytes();
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("big_headers.dat");
+    let mut w = Writer::create(&path, &meta).unwrap();
+    let mut page = vec![0u8; 4096];
+    page[8] = 0; // an empty page
+    w.push_page(0, &page).unwrap();
+    w.finish().unwrap();
+    let r = Reader::open(&path).unwrap();
+    assert_eq!(r.meta().kallsyms, syms.into_bytes());
+    assert_eq!(r.events().count(), 0);
+}
+
+/// Thread names that grow past the room left for the headers move the pages written
+/// straight into the file; nothing is lost, for the direct CPU or the others.
+#[test]
+fn headers_that_outgrow_their_room_move_the_pages() {
+    use ustrace_ringbuf::page::PageWriter;
+    let meta = TraceMeta::from_tracefs(&mut |p| read(p), Some(&[])).unwrap();
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("outgrown.dat");
+    let mut w = Writer::create(&path, &meta).unwrap();
+    let mut ts = 10;
+    for i in 0..300u32 {
+        let mut pw = PageWriter::new(ts);
+        for _ in 0..20 {
+            ts += 1;
+            let mut rec = vec![0u8; 16];
+            rec[4..8].copy_from_slice(&(i as i32).to_le_bytes());
+            assert!(pw.push(ts, &rec));
+        }
+        w.push_page((i % 3) as usize, &pw.finish(None)).unwrap();
+    }
+    let mut later = meta.clone();
+    let mut names = String::new();
+    for pid in 0..150_000 {
+        names.push_str(&format!("{pid} thread-name-{pid}\n"));
+    }
+    assert!(names.len() > 2 << 20);
+    later.saved_cmdlines = names.into_bytes();
+    w.update_meta(&later);
+    let summary = w.finish().unwrap();
+    assert_eq!(summary.events.iter().sum::<u64>(), 6000);
+    let r = Reader::open(&path).unwrap();
+    let evs: Vec<_> = r.events().map(Result::unwrap).collect();
+    assert_eq!(evs.len(), 6000);
+    assert!(evs.windows(2).all(|w| w[0].ts < w[1].ts));
+    for (k, e) in evs.iter().enumerate() {
+        assert_eq!(e.pid, (k / 20) as i32);
+        assert_eq!(e.cpu, (k / 20 % 3) as u32);
+    }
+    assert_eq!(evs[20 * 7].comm, "thread-name-7");
+}

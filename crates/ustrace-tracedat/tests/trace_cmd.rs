@@ -104,7 +104,8 @@ fn record(path: &Path) -> i32 {
         ("tdatp".to_string(), "target".to_string()),
     ];
     let meta = TraceMeta::from_tracefs(&mut |p| read(p), Some(&events)).unwrap();
-    let mut w = Writer::create(path, &meta).unwrap();
+    let mut pages = Vec::new();
+    let mut stats = Vec::new();
     for cpu in 0..meta.cpus {
         let flags = OpenFlags {
             nonblock: true,
@@ -118,23 +119,58 @@ fn record(path: &Path) -> i32 {
             if n == 0 {
                 break;
             }
-            w.push_page(cpu, &page[..n]).unwrap();
+            pages.push((cpu, page[..n].to_vec()));
         }
-        let stats = read(&format!("per_cpu/cpu{cpu}/stats")).unwrap();
-        w.set_cpu_stats(cpu, String::from_utf8_lossy(&stats).into_owned());
+        let text = read(&format!("per_cpu/cpu{cpu}/stats")).unwrap();
+        stats.push((cpu, String::from_utf8_lossy(&text).into_owned()));
     }
-    w.update_meta(&TraceMeta::from_tracefs(&mut |p| read(p), Some(&events)).unwrap());
-    let summary = w.finish().unwrap();
+    let later = TraceMeta::from_tracefs(&mut |p| read(p), Some(&events)).unwrap();
+    let write_file = |path: &Path, pages: &[(usize, Vec<u8>)]| {
+        let mut w = Writer::create(path, &meta).unwrap();
+        for (cpu, page) in pages {
+            w.push_page(*cpu, page).unwrap();
+        }
+        for (cpu, text) in &stats {
+            w.set_cpu_stats(*cpu, text.clone());
+        }
+        w.update_meta(&later);
+        w.finish().unwrap()
+    };
+    let summary = write_file(path, &pages);
     assert_eq!(summary.events.iter().sum::<u64>(), 200 + 4 * 3);
+    // The same pages with losses marked as the kernel marks them: the second page says
+    // 12345 events were lost before it (count stored after its data), the third says
+    // some were, count unknown.
+    assert!(pages.len() >= 3, "{} pages", pages.len());
+    let mut lossy = pages.clone();
+    for (i, stored) in [(1, true), (2, false)] {
+        let page = &mut lossy[i].1;
+        page.resize(4096, 0);
+        let mut commit = u64::from_le_bytes(page[8..16].try_into().unwrap());
+        let len = commit as usize & 0xfff;
+        commit |= 1 << 31;
+        if stored {
+            assert!(len + 8 <= 4080);
+            commit |= 1 << 30;
+            page[16 + len..24 + len].copy_from_slice(&12345u64.to_le_bytes());
+        }
+        page[8..16].copy_from_slice(&commit.to_le_bytes());
+    }
+    write_file(&path.with_extension("lossy.dat"), &lossy);
     tid
 }
 
 fn ours(path: &Path) -> Vec<String> {
+    report(path, false)
+}
+
+/// Our lines for `path`: print formats, or (`raw`) fields as `trace-cmd report -R`.
+fn report(path: &Path, raw: bool) -> Vec<String> {
     let r = Reader::open(path).unwrap();
     let printer = Printer::for_reader(&r);
     let mut lines = vec![format!("cpus={}", r.meta().cpus)];
     for ev in r.events() {
-        lines.extend(printer.line(&ev.unwrap(), false).lines().map(String::from));
+        lines.extend(printer.line(&ev.unwrap(), raw).lines().map(String::from));
     }
     lines
 }
@@ -179,10 +215,10 @@ fn scrub(lines: &[String], tid: i32) -> Vec<String> {
 fn real_trace_cmd_report_agrees_with_ours_and_the_golden() {
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trace_cmd_report.dat");
     let tid = record(&path);
-    let ours = ours(&path);
+    let mine = ours(&path);
     let golden_path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/trace_cmd_report.txt");
-    let scrubbed = scrub(&ours, tid);
+    let scrubbed = scrub(&mine, tid);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(&golden_path, scrubbed.join("\n") + "\n").unwrap();
     }
@@ -190,12 +226,19 @@ fn real_trace_cmd_report_agrees_with_ours_and_the_golden() {
     let golden: Vec<&str> = golden.lines().collect();
     assert_eq!(scrubbed, golden, "our report differs from the golden file");
 
-    let out = match Command::new("trace-cmd").arg("report").arg(&path).output() {
-        Ok(out) => out,
-        Err(e) => {
-            eprintln!("skipped: trace-cmd report: {e} (scripts/test.sh installs trace-cmd)");
-            return;
-        }
+    let lossy = path.with_extension("lossy.dat");
+    let lossy_ours = ours(&lossy);
+    assert_eq!(
+        lossy_ours
+            .iter()
+            .filter(|l| l.starts_with("CPU:0 [") && l.ends_with("EVENTS DROPPED]"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        ["CPU:0 [12345 EVENTS DROPPED]", "CPU:0 [EVENTS DROPPED]"]
+    );
+
+    let Some(theirs) = trace_cmd_report(&path) else {
+        return;
     };
     let version = Command::new("trace-cmd")
         .arg("--version")
@@ -203,21 +246,79 @@ fn real_trace_cmd_report_agrees_with_ours_and_the_golden() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     eprintln!("checked against: {version}");
+    assert_same(&theirs, &mine);
+    assert_same(&trace_cmd_report(&lossy).unwrap(), &lossy_ours);
+    // Fields raw: libtraceevent's field printer (each number with its own conversion from
+    // the print format, strings as text, arrays as bytes).
+    assert_same(
+        &trace_cmd(&["report", "-R"], &path).unwrap(),
+        &report(&path, true),
+    );
+
+    // trace-cmd's own version 7 (its default) of the same file, uncompressed: our reader
+    // prints the same lines from it; a compressed one is refused with a way out.
+    let v7 = path.with_extension("v7.dat");
+    convert(&path, &v7, "none");
+    assert_same(&ours(&v7), &mine);
+    let zipped = path.with_extension("v7z.dat");
+    convert(&path, &zipped, "any");
+    let err = Reader::open(&zipped).unwrap_err().to_string();
+    assert!(err.contains("--compression none"), "{err}");
+}
+
+/// `trace-cmd convert` to file version 7 with `compression`.
+fn convert(from: &Path, to: &Path, compression: &str) {
+    let out = Command::new("trace-cmd")
+        .args([
+            "convert",
+            "--file-version",
+            "7",
+            "--compression",
+            compression,
+            "-i",
+        ])
+        .arg(from)
+        .arg("-o")
+        .arg(to)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
-        "trace-cmd report failed: {}",
+        "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !stderr.contains("unknown option") && !stderr.contains("ailed"),
-        "trace-cmd complained: {stderr}"
-    );
-    let theirs: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(String::from)
-        .collect();
-    for (i, (a, b)) in theirs.iter().zip(&ours).enumerate() {
+}
+
+/// The real `trace-cmd report FILE` lines, or `None` (said loudly) without trace-cmd.
+/// Anything it says on stderr (an unknown option, a bad section) fails the test.
+fn trace_cmd_report(path: &Path) -> Option<Vec<String>> {
+    trace_cmd(&["report"], path)
+}
+
+fn trace_cmd(args: &[&str], path: &Path) -> Option<Vec<String>> {
+    match Command::new("trace-cmd").args(args).arg(path).output() {
+        Ok(out) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() && stderr.trim().is_empty(),
+                "trace-cmd: {stderr}"
+            );
+            Some(
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .map(String::from)
+                    .collect(),
+            )
+        }
+        Err(e) => {
+            eprintln!("skipped: trace-cmd report: {e} (scripts/test.sh installs trace-cmd)");
+            None
+        }
+    }
+}
+
+fn assert_same(theirs: &[String], ours: &[String]) {
+    for (i, (a, b)) in theirs.iter().zip(ours).enumerate() {
         assert_eq!(
             a,
             b,
