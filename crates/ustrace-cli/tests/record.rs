@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use record_common::*;
-use ustrace_tracedat::{Printer, Reader, Value};
+use ustrace_tracedat::{Reader, Value};
 
 /// Calls `one(i)` and `two(i)` in a loop, counting in a shared file (which outlives a
 /// SIGKILL) how many calls of `one` started and returned, and its own pid.
@@ -133,10 +133,14 @@ fn sigkill_mid_run_leaves_every_event_in_the_file() {
     );
     assert!(two_out <= two_in && two_out >= two_in - 1);
 
-    // The real trace-cmd reads the same file the same way.
-    let ours = ours(&reader);
+    // `ustrace report` prints what the real trace-cmd prints, line for line.
+    let ours = ustrace_report(&out);
+    assert_eq!(
+        ours.len() as i64,
+        1 + ins.len() as i64 + outs.len() as i64 + two_in + two_out
+    );
     match trace_cmd_report(&out) {
-        None => eprintln!("skipped the trace-cmd comparison: no /usr/bin/trace-cmd"),
+        None => println!("skipped the trace-cmd comparison: no /usr/bin/trace-cmd"),
         Some(theirs) => {
             assert_eq!(theirs.len(), ours.len(), "line counts differ");
             for (i, (a, b)) in theirs.iter().zip(&ours).enumerate() {
@@ -146,13 +150,21 @@ fn sigkill_mid_run_leaves_every_event_in_the_file() {
     }
 }
 
-fn ours(reader: &Reader) -> Vec<String> {
-    let printer = Printer::for_reader(reader);
-    let mut lines = vec![format!("cpus={}", reader.meta().cpus)];
-    for ev in reader.events() {
-        lines.extend(printer.line(&ev.unwrap(), false).lines().map(String::from));
-    }
-    lines
+fn ustrace_report(file: &Path) -> Vec<String> {
+    let out = Command::new(ustrace())
+        .arg("report")
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ustrace report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end().to_string())
+        .collect()
 }
 
 fn trace_cmd_report(file: &Path) -> Option<Vec<String>> {
