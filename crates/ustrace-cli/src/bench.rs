@@ -54,7 +54,7 @@ use crate::bench_measure::{
 };
 
 /// Every figure the bench reports, in the order it reports them.
-pub const NAMES: [&str; 22] = [
+pub const NAMES: [&str; 23] = [
     "tracepoint_off",
     "tracepoint_off_load",
     "tracepoint_noop_probe",
@@ -77,6 +77,7 @@ pub const NAMES: [&str; 22] = [
     "tracing_event_off",
     "tracing_event_3fields",
     "synth_onmatch_pair",
+    "record_drain_mb_s",
 ];
 
 #[derive(clap::Args)]
@@ -655,6 +656,9 @@ impl Baselines {
     }
 }
 
+/// Bytes of a ring-buffer page (`record_drain_mb_s` is timed per page).
+const PAGE_SIZE_F: f64 = ustrace_ringbuf::page::PAGE_SIZE as f64;
+
 pub fn run(args: BenchArgs) -> Result<(), String> {
     if args.peers {
         return crate::bench_peers::run(&args.settings());
@@ -867,6 +871,18 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         push("synth_onmatch_pair", ns, "add_loop", None);
     }
 
+    if wanted("record_drain_mb_s") {
+        // ns per 4 KiB page, against memcpy of the same pages; the extra is the rate.
+        let (drain, copy, _) = crate::bench_record::record_drain(reps)?;
+        baselines.timed.push(("memcpy_page", copy));
+        push(
+            "record_drain_mb_s",
+            drain,
+            "memcpy_page",
+            Some(("mb_s", PAGE_SIZE_F * 1e3 / drain)),
+        );
+    }
+
     figures.sort_by_key(|f| NAMES.iter().position(|n| *n == f.0));
     let figures = figures
         .into_iter()
@@ -914,7 +930,11 @@ fn print(figures: &[Figure], json: bool, reps: usize, n: u64) {
                 .extra
                 .map(|(k, v)| {
                     // A ratio reads as one; `*_ns` extras are times.
-                    let unit = if k.ends_with("_ns") { "" } else { "x" };
+                    let unit = if k.ends_with("_ns") || k == "mb_s" {
+                        ""
+                    } else {
+                        "x"
+                    };
                     format!("  {k} {v:.2}{unit}")
                 })
                 .unwrap_or_default();

@@ -27,6 +27,7 @@ mod bench_ftrace;
 mod bench_inter;
 mod bench_measure;
 mod bench_peers;
+mod bench_record;
 mod bench_scale;
 mod demo;
 mod exec;
@@ -34,6 +35,7 @@ mod export;
 mod flamegraph;
 mod hist;
 mod mount;
+mod record;
 mod remote;
 mod report;
 mod stream;
@@ -159,6 +161,13 @@ enum Command {
                             ustrace flamegraph -o stacks.svg trace.dat\n  \
                             ustrace flamegraph -o stacks.svg stacks.folded")]
     Flamegraph(flamegraph::FlamegraphArgs),
+    /// Run a program (any dynamically linked one) with tracing set up, and save its trace.
+    #[command(after_help = "Examples:\n  \
+                            ustrace record -F 'work*' -- ./prog arg      (fprobes on functions)\n  \
+                            ustrace record -e kv:get -f 'hit == 0' -o kv.dat -- ./server\n  \
+                            ustrace record --probe 'f:my/ent parse len=$arg2' -- ./prog\n  \
+                            ustrace record -P 1234 -e kv      (a process that serves; Ctrl-C ends)")]
+    Record(record::RecordArgs),
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     #[command(after_help = "Examples:\n  \
                             ustrace completions bash > /etc/bash_completion.d/ustrace\n  \
@@ -269,6 +278,7 @@ fn main() -> ExitCode {
             Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),
             Err(e) => Err(e),
         },
+        Command::Record(args) => record::run(args),
         Command::Report(args) => report::run(args),
         Command::Stream(args) => stream::run(args),
         Command::Export(args) => export::run(args),

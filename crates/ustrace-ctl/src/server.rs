@@ -410,12 +410,39 @@ pub fn serve_with(fs: Arc<dyn FileSystem>, config: ServerConfig) -> io::Result<S
     result
 }
 
+/// The lowest fd number the server's own files take (0: wherever the kernel puts them).
+static FD_FLOOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Makes servers started from now on keep their socket, wake pipe, reserve fd and
+/// connections at fd numbers at or above `floor` where the limit on open files allows —
+/// for the preload agent, whose target must not meet the tracer among its own low fds.
+pub fn set_fd_floor(floor: i32) {
+    FD_FLOOR.store(floor, Ordering::Relaxed);
+}
+
+/// `fd` moved to the fd floor (close-on-exec), if one is set and there is room above it.
+fn above_floor<T: From<OwnedFd> + Into<OwnedFd>>(file: T) -> T {
+    let fd: OwnedFd = file.into();
+    let floor = FD_FLOOR.load(Ordering::Relaxed);
+    if floor <= 0 || fd.as_raw_fd() >= floor {
+        return T::from(fd);
+    }
+    // SAFETY: duplicating an fd we own; the copy is ours alone.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor) };
+    if high < 0 {
+        return T::from(fd);
+    }
+    // SAFETY: `high` was just returned by fcntl and nothing else owns it.
+    T::from(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
 fn start(
     fs: Arc<dyn FileSystem>,
     config: ServerConfig,
     listener: UnixListener,
     socket: PathBuf,
 ) -> io::Result<ServerHandle> {
+    let listener = above_floor(listener);
     listener.set_nonblocking(true)?;
     let mut fds = [0i32; 2];
     // SAFETY: fds points at two writable ints, as pipe2 requires.
@@ -425,6 +452,7 @@ fn start(
     // SAFETY: pipe2 succeeded, so both fds are open and now owned by nobody else.
     let (wake_rx, wake_tx) =
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (wake_rx, wake_tx) = (above_floor(wake_rx), above_floor(wake_tx));
     let shared = Arc::new(Shared {
         fs,
         log: config.log,
@@ -457,7 +485,9 @@ fn start(
 /// accept one waiting client and tell it why it cannot be served. Without it the client is
 /// never accepted and waits, unanswered, until it gives up.
 fn open_reserve() -> Option<OwnedFd> {
-    std::fs::File::open("/dev/null").ok().map(OwnedFd::from)
+    std::fs::File::open("/dev/null")
+        .ok()
+        .map(|f| above_floor(OwnedFd::from(f)))
 }
 
 fn out_of_fds(e: &io::Error) -> bool {
@@ -492,7 +522,7 @@ fn accept_loop(
             continue; // EINTR
         }
         match listener.accept() {
-            Ok((stream, _)) => admit(shared, stream),
+            Ok((stream, _)) => admit(shared, above_floor(stream)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if out_of_fds(&e) && reserve.is_some() => {
@@ -515,6 +545,12 @@ fn accept_loop(
                 // Another thread may take the freed number first; then the next shortage
                 // falls back to waiting below.
                 reserve = open_reserve();
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF | libc::ENOTSOCK)) => {
+                // The program closed our socket (a daemon closing every fd): stop serving
+                // rather than poll a number the program may reuse for a file of its own.
+                (shared.log)("control socket closed by the program; no longer serving");
+                return;
             }
             Err(e) => {
                 (shared.log)(&format!("control socket accept failed: {e}"));
@@ -614,7 +650,7 @@ fn admit(shared: &Arc<Shared>, stream: UnixStream) {
         return;
     }
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    if let Ok(clone) = stream.try_clone() {
+    if let Ok(clone) = stream.try_clone().map(above_floor) {
         lock(&shared.conns).insert(id, clone);
     }
     let worker = shared.clone();

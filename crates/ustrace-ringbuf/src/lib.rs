@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+pub use mapping::set_fd_floor;
 pub use page::MAX_PAYLOAD;
 pub use shm::ShmReader;
 

@@ -16,6 +16,32 @@ pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"USTRRING");
 /// Layout version of both files.
 pub const LAYOUT_VERSION: u32 = 2;
 
+/// The lowest fd number the buffers' files get (0: wherever the kernel puts them).
+static FD_FLOOR: AtomicI32 = AtomicI32::new(0);
+
+/// Makes the files of buffers created from now on take fd numbers at or above `floor`
+/// (where the limit on open files allows), so a program that does not know it is traced
+/// (the preload agent's targets) never meets them among the low numbers it uses itself.
+pub fn set_fd_floor(floor: i32) {
+    FD_FLOOR.store(floor, Ordering::Relaxed);
+}
+
+/// `fd` moved to the fd floor, if one is set and there is room above it.
+fn above_floor(fd: libc::c_int) -> libc::c_int {
+    let floor = FD_FLOOR.load(Ordering::Relaxed);
+    if floor <= 0 || fd >= floor {
+        return fd;
+    }
+    // SAFETY: duplicating our own open fd; the copy is close-on-exec like the original.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) };
+    if high < 0 {
+        return fd;
+    }
+    // SAFETY: our fd, replaced by `high`.
+    unsafe { libc::close(fd) };
+    high
+}
+
 pub(crate) fn round_up(v: usize, to: usize) -> usize {
     v.div_ceil(to) * to
 }
@@ -67,6 +93,7 @@ impl Mapping {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
+        let fd = above_floor(fd);
         // SAFETY: fd is a file we just created.
         if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
             let e = io::Error::last_os_error();

@@ -327,6 +327,10 @@ pub(crate) struct RegionCursor {
     pub(crate) lost: u64,
     pub(crate) lost_seen: u64,
     pub(crate) generation: u64,
+    /// Events in the pages this reader copied since `lost_seen` was taken (page reads):
+    /// the writer counts them as overrun once it reuses their pages, though they were
+    /// not lost to this reader.
+    pub(crate) copied: u64,
 }
 
 /// One step of a reader at a position.
@@ -352,6 +356,16 @@ enum PageState {
     Busy,
     Gone,
     Ready(usize),
+}
+
+/// What [`Region::copy_page_at`] found.
+pub(crate) enum PageCopy {
+    /// A page was copied: `len` bytes of data, `lost` events missed before it.
+    Page { len: usize, lost: u64 },
+    /// Nothing committed after the position yet.
+    Empty,
+    /// The next page is still being written.
+    Busy,
 }
 
 /// Counters of one region.
@@ -1387,6 +1401,7 @@ impl Region {
             lost: 0,
             lost_seen: self.lost_total(),
             generation: self.generation(),
+            copied: 0,
         }
     }
 
@@ -1677,6 +1692,138 @@ impl Region {
                 }
             }
         }
+    }
+
+    /// Non-consuming copy of the page at a private reader's position, whole (from the
+    /// page start), as a kernel-format page whose `commit` says how much is valid and
+    /// carries the missed-events flags. `partial`: also hand out the page writers are
+    /// still filling, up to what is committed (the writer is gone, or the recording
+    /// ends). The cursor then moves past what was handed out.
+    pub(crate) fn copy_page_at(
+        &self,
+        cursor: &mut RegionCursor,
+        buf: &mut [u8; PAGE_SIZE],
+        partial: bool,
+    ) -> PageCopy {
+        for _ in 0..1024 {
+            if self.generation() != cursor.generation {
+                *cursor = self.reader_start();
+            }
+            let (s, off) = (cursor.pos / D, (cursor.pos % D) as usize);
+            let limit = match self.page_state(s) {
+                PageState::Ready(l) => l,
+                PageState::Empty => return PageCopy::Empty,
+                PageState::Busy => return PageCopy::Busy,
+                PageState::Gone => {
+                    self.skip_gone(cursor, s);
+                    continue;
+                }
+            };
+            if limit < DATA_SIZE && !partial {
+                return PageCopy::Busy;
+            }
+            if off >= limit {
+                if limit == DATA_SIZE {
+                    cursor.pos = (s + 1) * D;
+                    continue;
+                }
+                return PageCopy::Empty;
+            }
+            let w = self.load_word(s);
+            if !self.copy_page(s, buf) {
+                if self.is_released() {
+                    return PageCopy::Empty;
+                }
+                self.skip_gone(cursor, s);
+                continue;
+            }
+            if word_tag(w) == s / self.nr_pages as u64 + 1 {
+                cursor.copied += word_entries(w);
+            }
+            let lost = std::mem::take(&mut cursor.lost);
+            let mut commit = limit as u64;
+            if lost > 0 {
+                commit |= page::MISSED_EVENTS;
+                if limit + 8 <= DATA_SIZE {
+                    let at = PAGE_HEADER_SIZE + limit;
+                    buf[at..at + 8].copy_from_slice(&lost.to_ne_bytes());
+                    commit |= page::MISSED_STORED;
+                }
+            }
+            buf[8..16].copy_from_slice(&commit.to_ne_bytes());
+            cursor.pos = if limit == DATA_SIZE {
+                (s + 1) * D
+            } else {
+                s * D + limit as u64
+            };
+            cursor.ts = 0;
+            return PageCopy::Page { len: limit, lost };
+        }
+        PageCopy::Busy
+    }
+
+    /// For a reader of a writer that is gone (its process died): the page at the
+    /// cursor that never became complete because the writer stopped inside an event,
+    /// cut to the events its committed byte count covers. A single writer commits in
+    /// reservation order, so those are the bytes before the event it was writing;
+    /// writers that interleaved on this CPU could leave a later event committed and an
+    /// earlier one not, and that page is then cut at the last whole record of the count.
+    /// The cursor moves past the page. `None` when there is no such page.
+    pub(crate) fn salvage_page_at(
+        &self,
+        cursor: &mut RegionCursor,
+        buf: &mut [u8; PAGE_SIZE],
+    ) -> Option<PageCopy> {
+        let (s, off) = (cursor.pos / D, (cursor.pos % D) as usize);
+        if !matches!(self.page_state(s), PageState::Busy) || off != 0 {
+            return None;
+        }
+        let w = self.load_word(s);
+        if word_tag(w) != s / self.nr_pages as u64 + 1 || !self.copy_page(s, buf) {
+            return None;
+        }
+        let committed = (word_bytes(w) as usize).min(DATA_SIZE);
+        let mut dec = PageDecoder::with_limit(&buf[..], committed, page::read_u64(&buf[..], 0));
+        let mut limit = 0;
+        let mut entries = 0;
+        while let Some(rec) = dec.next_record() {
+            if rec.offset + rec.size > committed {
+                break;
+            }
+            limit = rec.offset + rec.size;
+            if matches!(rec.kind, RecordKind::Data { .. }) {
+                entries += 1;
+            }
+        }
+        let lost = std::mem::take(&mut cursor.lost);
+        let mut commit = limit as u64;
+        if lost > 0 {
+            commit |= page::MISSED_EVENTS;
+        }
+        buf[8..16].copy_from_slice(&commit.to_ne_bytes());
+        cursor.copied += entries;
+        cursor.pos = (s + 1) * D;
+        cursor.ts = 0;
+        Some(PageCopy::Page { len: limit, lost })
+    }
+
+    /// Moves a private reader past page `s`, which writers reused before it was read,
+    /// to the oldest data left, counting what was lost on the way: the writer's lost
+    /// count moved on by the events of every reused page, those this reader copied
+    /// before (all older than `s`, so all reused by now) included, which were not lost.
+    fn skip_gone(&self, cursor: &mut RegionCursor, s: u64) {
+        let fresh = self.reader_start();
+        cursor.pos = fresh.pos.max((s + 1) * D);
+        cursor.ts = 0;
+        let total = self.lost_total();
+        let moved = total.saturating_sub(cursor.lost_seen);
+        cursor.lost += moved.saturating_sub(std::mem::take(&mut cursor.copied));
+        cursor.lost_seen = total;
+    }
+
+    /// Counters, for a reader in another process.
+    pub(crate) fn counters(&self) -> RegionStats {
+        self.stats()
     }
 
     /// Consuming read of one event; `cache` keeps the time at the read position.

@@ -25,7 +25,7 @@
 use crate::clock::Clock;
 use crate::mapping::{round_up, Mapping};
 use crate::page::PAGE_SIZE;
-use crate::region::{Region, RegionCursor, Step};
+use crate::region::{PageCopy, Region, RegionCursor, Step};
 use crate::Event;
 
 use std::io;
@@ -403,6 +403,68 @@ impl ShmReader {
             }
         }
         None
+    }
+
+    /// The next whole page of `cpu` this reader has not handed out, copied into `buf`
+    /// in the kernel's `trace_pipe_raw` form (`commit` = valid bytes, with the
+    /// missed-events flags and count when events were lost before it). Returns the
+    /// page's data length and the events lost before it, or `None` when no complete
+    /// page is ready. `partial`: also take the page writers are filling, up to what is
+    /// committed — for the last read, once the writer is gone or recording stops. This
+    /// is the recorder's drain: a page copy, no decoding.
+    pub fn read_page(
+        &mut self,
+        cpu: usize,
+        buf: &mut [u8; PAGE_SIZE],
+        partial: bool,
+    ) -> Option<(usize, u64)> {
+        let writer_gone = partial && !self.writer_alive();
+        let list = self.cpus.get_mut(cpu)?;
+        for (region, cursor) in list.iter_mut() {
+            match region.copy_page_at(cursor, buf, partial) {
+                PageCopy::Page { len, lost } => return Some((len, lost)),
+                PageCopy::Empty => continue,
+                // An older region's page in flight holds the newer ones back (order).
+                PageCopy::Busy if !partial => return None,
+                PageCopy::Busy => {}
+            }
+            // The last read: a page left incomplete by a writer that stopped inside an
+            // event (killed) gives up what it committed.
+            if writer_gone {
+                if let Some(PageCopy::Page { len, lost }) = region.salvage_page_at(cursor, buf) {
+                    return Some((len, lost));
+                }
+            }
+            return None;
+        }
+        None
+    }
+
+    /// Whether the process that writes the buffers still exists (a zombie counts as
+    /// gone: it writes no more).
+    pub fn writer_alive(&self) -> bool {
+        let pid = self.writer_pid();
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+            Err(_) => false,
+        }
+    }
+
+    /// Counters of `cpu`, summed over its regions: (entries committed, overrun, commit
+    /// overrun, dropped, events read by the writer's own consuming readers).
+    pub fn cpu_counters(&self, cpu: usize) -> (u64, u64, u64, u64, u64) {
+        let mut sum = (0, 0, 0, 0, 0);
+        for (region, _) in self.cpus.get(cpu).map(Vec::as_slice).unwrap_or(&[]) {
+            let c = region.counters();
+            sum.0 += c.committed;
+            sum.1 += c.overrun;
+            sum.2 += c.commit_overrun;
+            sum.3 += c.dropped;
+            sum.4 += c.read;
+        }
+        sum
     }
 
     /// Every event readable now, all CPUs merged by timestamp.

@@ -97,6 +97,7 @@
 #![warn(missing_docs)]
 
 pub mod buffers;
+pub mod copies;
 pub mod cpumask;
 pub mod dynevent;
 pub mod dynevent_cmd;
@@ -149,8 +150,14 @@ pub fn serve() -> std::io::Result<std::path::PathBuf> {
 
 /// At program start, before `main`: applies `USTRACE_SETUP` and `USTRACE_EVENTS` (see
 /// [`setup`]), then serves when `USTRACE_SERVE=1`, for programs that cannot add the call
-/// to [`serve`]. Setup comes first so a client never sees the tree half set up.
+/// to [`serve`]. Setup comes first so a client never sees the tree half set up. Only the
+/// copy [`copies::elected`] names acts.
 extern "C" fn serve_if_asked() {
+    // One ustrace per process: the preload agent's copy starts from the agent's own
+    // constructor, and a copy that is not elected leaves everything to the one that is.
+    if copies::in_agent() || !copies::elected() {
+        return;
+    }
     if std::env::var_os("USTRACE_SETUP").is_some() || std::env::var_os("USTRACE_EVENTS").is_some() {
         setup::from_env();
     }

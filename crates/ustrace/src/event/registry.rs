@@ -207,11 +207,15 @@ impl Registry {
         {
             return Err(ustrace_ctl::vfs::Errno::EEXIST);
         }
+        // Never just above the built-in ftrace ids, even with no static events: trace-cmd
+        // takes `user_stack`'s id + 1 for its made-up `ftrace:blktrace` format, so an event
+        // there would be reported as blktrace.
         let next = events
             .iter()
             .map(|e| e.id.0)
             .max()
             .unwrap_or(FIRST_STATIC_ID)
+            .max(FIRST_STATIC_ID - 1)
             + 1;
         let event = Event::new(EventId(next), class);
         events.push(event.clone());

@@ -1,0 +1,241 @@
+//! `ustrace record` on C programs that never heard of ustrace (built here with `cc`):
+//! the agent preloaded, fprobes set up before `main`, the buffers drained from outside,
+//! and a trace.dat the real trace-cmd reads as our reader does.
+
+mod record_common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use record_common::*;
+use ustrace_tracedat::{Reader, Value};
+
+/// Calls `one(i)` and `two(i)` in a loop, counting in a shared file (which outlives a
+/// SIGKILL) how many calls of `one` started and returned, and its own pid.
+const COUNTER: &str = r#"
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+struct counts { volatile int64_t pid, started, done; };
+
+__attribute__((noinline)) int one(int i) { return i * 3 + 1; }
+__attribute__((noinline)) int two(int i) { return i ^ 0x55; }
+
+int main(int argc, char **argv) {
+    int fd = open(argv[1], O_RDWR);
+    if (fd < 0) return 2;
+    struct counts *c = mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (c == MAP_FAILED) return 3;
+    c->pid = getpid();
+    long limit = argc > 2 ? atol(argv[2]) : -1;
+    volatile int sink = 0;
+    for (int i = 0; limit < 0 || i < limit; i++) {
+        c->started = i + 1;
+        __sync_synchronize();
+        sink += one(i);
+        __sync_synchronize();
+        c->done = i + 1;
+        sink += two(i);
+        if (i % 64 == 63) usleep(500);
+    }
+    return 0;
+}
+"#;
+
+fn counts(path: &Path) -> (i64, i64, i64) {
+    let b = std::fs::read(path).unwrap();
+    let at = |i: usize| i64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+    (at(0), at(1), at(2))
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(i) => *i,
+        Value::UInt(u) => *u as i64,
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
+#[test]
+fn sigkill_mid_run_leaves_every_event_in_the_file() {
+    let Some(env) = Env::new("kill") else { return };
+    let prog = env.cc("counter", COUNTER);
+    let shared = env.dir.join("counts");
+    std::fs::write(&shared, vec![0u8; 4096]).unwrap();
+    let out = env.dir.join("trace.dat");
+    let rec = env
+        .record()
+        .args(["-q", "--probe", "f:t/one_in one i=$arg1:s32"])
+        .args(["--probe", "f:t/one_out one%return r=$retval:s32"])
+        .args(["-F", "tw?", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&prog)
+        .arg(&shared)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let pid = loop {
+        let (pid, _, done) = counts(&shared);
+        if pid > 0 && done >= 5000 {
+            break pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the program did not get going: {:?}",
+            counts(&shared)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // SAFETY: kill(2) on the pid the program wrote itself.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let output = rec.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "record failed: {stderr}");
+    let (_, started, done) = counts(&shared);
+
+    let reader = Reader::open(&out).unwrap();
+    let (mut ins, mut outs, mut two_in, mut two_out) = (Vec::new(), Vec::new(), 0i64, 0i64);
+    for ev in reader.events() {
+        let ev = ev.unwrap();
+        assert_eq!(ev.pid as i64, pid, "{ev:?}");
+        match (ev.system.as_str(), ev.name.as_str()) {
+            ("t", "one_in") => ins.push(int(&ev.fields.iter().find(|f| f.0 == "i").unwrap().1)),
+            ("t", "one_out") => outs.push(int(&ev.fields.iter().find(|f| f.0 == "r").unwrap().1)),
+            ("funcs", "two__entry") => two_in += 1,
+            ("funcs", "two__exit") => two_out += 1,
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    // Every call that started before the kill is there, in order, once.
+    let n = ins.len() as i64;
+    assert!(
+        (done..=started).contains(&n),
+        "{n} entries of one(), {done} calls returned and {started} started before the kill"
+    );
+    assert_eq!(
+        ins,
+        (0..n).collect::<Vec<_>>(),
+        "entries of one() in order, no gap"
+    );
+    assert!((done..=n).contains(&(outs.len() as i64)));
+    for (i, r) in outs.iter().enumerate() {
+        assert_eq!(*r, i as i64 * 3 + 1, "one({i}) returned");
+    }
+    assert!(
+        (done - 1..=n).contains(&two_in),
+        "{two_in} entries of two()"
+    );
+    assert!(two_out <= two_in && two_out >= two_in - 1);
+
+    // `ustrace report` prints what the real trace-cmd prints, line for line.
+    let ours = ustrace_report(&out);
+    assert_eq!(
+        ours.len() as i64,
+        1 + ins.len() as i64 + outs.len() as i64 + two_in + two_out
+    );
+    match trace_cmd_report(&out) {
+        None => println!("skipped the trace-cmd comparison: no /usr/bin/trace-cmd"),
+        Some(theirs) => {
+            assert_eq!(theirs.len(), ours.len(), "line counts differ");
+            for (i, (a, b)) in theirs.iter().zip(&ours).enumerate() {
+                assert_eq!(a, b, "line {i} differs");
+            }
+        }
+    }
+}
+
+fn ustrace_report(file: &Path) -> Vec<String> {
+    let out = Command::new(ustrace())
+        .arg("report")
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ustrace report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end().to_string())
+        .collect()
+}
+
+fn trace_cmd_report(file: &Path) -> Option<Vec<String>> {
+    if !Path::new("/usr/bin/trace-cmd").exists() {
+        return None;
+    }
+    let out = Command::new("/usr/bin/trace-cmd")
+        .arg("report")
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "trace-cmd report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.trim_end().to_string())
+            .collect(),
+    )
+}
+
+#[test]
+fn a_program_that_exits_at_once_leaves_its_events_and_its_status() {
+    let Some(env) = Env::new("short") else { return };
+    let prog = env.cc("counter", COUNTER);
+    let shared = env.dir.join("counts");
+    std::fs::write(&shared, vec![0u8; 4096]).unwrap();
+    let out = env.dir.join("short.dat");
+    let output = env
+        .record()
+        .args(["-F", "one", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&prog)
+        .arg(&shared)
+        .arg("3")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("6 events")
+            && stderr.contains("0 lost")
+            && stderr.contains("exited with status 0"),
+        "summary: {stderr}"
+    );
+    let reader = Reader::open(&out).unwrap();
+    let names: Vec<String> = reader.events().map(|e| e.unwrap().name).collect();
+    assert_eq!(names, ["one__entry", "one__exit"].repeat(3));
+}
+
+#[test]
+fn bad_setup_is_refused_with_the_kernels_errno() {
+    let Some(env) = Env::new("bad") else { return };
+    let prog = env.cc("counter", COUNTER);
+    let output = env
+        .record()
+        .args(["--probe", "f:t/x no_such_function_here", "-o"])
+        .arg(env.dir.join("x.dat"))
+        .arg("--")
+        .arg(&prog)
+        .arg("/nonexistent")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("dynamic_events") && stderr.contains("no_such_function_here"),
+        "{stderr}"
+    );
+}
