@@ -3,7 +3,8 @@
 //! The writer calls [`now`] once per event, so every clock here is read
 //! without a system call: `local`/`perf` read the TSC and scale it to
 //! nanoseconds with a multiplier calibrated once (in [`init`], which
-//! `RingBuffer::new` calls), the `clock_gettime` based ones go through the
+//! `RingBuffer::new` calls; kept per user and boot in `/dev/shm`, so later programs
+//! only check it), the `clock_gettime` based ones go through the
 //! vDSO, `counter` is one atomic increment and `x86-tsc` is the raw TSC.
 //!
 //! ```text
@@ -236,6 +237,97 @@ fn calibrate() {
     if tsc().is_none() || !tsc_is_invariant() {
         return;
     }
+    // An invariant TSC keeps one rate for the whole boot: measured once, a scale is kept
+    // for the next program of the same user, which then starts without the 15 ms of
+    // sleeps below (a preloaded agent pays them before the program's `main`).
+    let cache = calibration_cache();
+    if let Some((path, boot)) = &cache {
+        if let Some(mult) = cached_mult(path, boot) {
+            TSC_MULT.store(mult, Ordering::Relaxed);
+            return;
+        }
+    }
+    measure();
+    if let Some((path, boot)) = &cache {
+        let mult = TSC_MULT.load(Ordering::Relaxed);
+        if mult != 0 {
+            store_mult(path, boot, mult);
+        }
+    }
+}
+
+/// Where this user's calibration is kept, and the boot it must belong to.
+fn calibration_cache() -> Option<(std::path::PathBuf, String)> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let boot = boot.trim().to_string();
+    if boot.is_empty() || boot.contains(char::is_whitespace) {
+        return None;
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    Some((format!("/dev/shm/ustrace-tsc-{uid}").into(), boot))
+}
+
+/// A scale kept by [`store_mult`], if it is this user's own file (not a link, writable by
+/// nobody else), of this boot, plausible (0.05 to 10 ns per tick) and agrees within 1%
+/// with the raw monotonic clock over a short spin; otherwise `None`, and the caller
+/// measures afresh.
+fn cached_mult(path: &std::path::Path, boot: &str) -> Option<u64> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_file() || meta.uid() != uid || meta.mode() & 0o022 != 0 || meta.len() > 256 {
+        return None;
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    let (kept_boot, mult) = text.trim().split_once(' ')?;
+    let mult: u64 = mult.parse().ok()?;
+    const ONE: u64 = 1 << 32;
+    if kept_boot != boot || !(ONE / 20..=ONE * 10).contains(&mult) {
+        return None;
+    }
+    // A 100 µs check: cheap next to a calibration, and it catches a scale that no longer
+    // fits (a file from elsewhere, a TSC that changed rate after all).
+    let (n0, t0) = (gettime(libc::CLOCK_MONOTONIC_RAW), tsc()?);
+    let (mut n1, mut t1) = (n0, t0);
+    while n1 - n0 < 100_000 {
+        n1 = gettime(libc::CLOCK_MONOTONIC_RAW);
+        t1 = tsc()?;
+    }
+    let scaled = ((u128::from(t1.wrapping_sub(t0)) * u128::from(mult)) >> 32) as u64;
+    let real = n1 - n0;
+    (scaled.abs_diff(real) * 100 <= real).then_some(mult)
+}
+
+/// Keeps `mult` for [`cached_mult`]: written to a private temporary file and renamed into
+/// place, so a reader sees a whole line or none. Failing to keep it costs only the next
+/// program's calibration.
+fn store_mult(path: &std::path::Path, boot: &str, mult: u64) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(format!("{boot} {mult}\n").as_bytes()));
+    if written.is_err() || std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Measures the TSC's rate against the raw monotonic clock.
+fn measure() {
     // Two samples 5 ms apart against the raw monotonic clock; take the
     // tightest bracket of a few tries so a preemption does not skew it.
     let sample = || {
@@ -266,6 +358,42 @@ fn calibrate() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kept scale is taken back only for the same boot, when plausible and agreeing with
+    /// the clock, and only from a file nobody else may write.
+    #[test]
+    fn a_kept_calibration_is_checked_before_use() {
+        if tsc().is_none() || !tsc_is_invariant() {
+            eprintln!("skipped: no invariant TSC here");
+            return;
+        }
+        init();
+        let Some(mult) = local_tsc_mult() else {
+            eprintln!("skipped: the TSC was not calibrated");
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("ustrace-clock-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tsc");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(cached_mult(&path, "boot-a"), None, "no file yet");
+        store_mult(&path, "boot-a", mult);
+        assert_eq!(cached_mult(&path, "boot-a"), Some(mult));
+        assert_eq!(cached_mult(&path, "boot-b"), None, "another boot");
+        store_mult(&path, "boot-a", mult * 2);
+        assert_eq!(
+            cached_mult(&path, "boot-a"),
+            None,
+            "disagrees with the clock"
+        );
+        store_mult(&path, "boot-a", 7);
+        assert_eq!(cached_mult(&path, "boot-a"), None, "implausible");
+        store_mult(&path, "boot-a", mult);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(cached_mult(&path, "boot-a"), None, "writable by others");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn names_round_trip() {
