@@ -617,3 +617,28 @@ fn trace_pipe_prints_the_graph_record_by_record() {
     );
     fs.rmdir(&dir).unwrap();
 }
+
+#[test]
+fn a_filter_on_functions_that_cannot_be_patched_still_switches() {
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_nothing");
+    // The tracer's own functions: selected, never patched, listed with the reason.
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ustrace::ftrace::filter::*\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    assert_eq!(
+        fs.read_to_string(&format!("{dir}/current_tracer")).unwrap(),
+        "function_graph\n"
+    );
+    let inst = ustrace::trace::tracing().instance("fn_nothing").unwrap();
+    assert_eq!(ustrace::ftrace::tracer::patched(&inst), 0);
+    assert!(!ustrace::ftrace::tracer::refused(&inst).is_empty());
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    fs.rmdir(&dir).unwrap();
+}

@@ -378,10 +378,11 @@ fn start(instance: &Arc<Instance>, st: &super::State, kind: Kind) -> Result<Runn
     live.knobs.replace(Some(knobs));
     let (ips, mut refused) = targets(instance);
     let fprobe = match register(kind, &live, &ips) {
-        Ok(fp) => {
+        Ok(Some(fp)) => {
             refused.extend(fp.refused());
             Some(fp)
         }
+        Ok(None) => None,
         Err(e) => {
             if kind == Kind::Graph {
                 SLOTS_USED.fetch_and(!(1 << slot), Ordering::AcqRel);
@@ -410,11 +411,12 @@ fn claim_slot() -> Option<usize> {
     }
 }
 
-/// Registers the tracer's fprobe on `ips`; nothing to patch is not an error (the tracer
-/// runs and records nothing, as the kernel's with a filter on no function).
-fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Fprobe, Errno> {
+/// Registers the tracer's fprobe on `ips`. Nothing to patch (every selected function is
+/// the tracer's own or cannot be patched) is not an error: the tracer runs and records
+/// nothing, as the kernel's does with a filter whose functions are never called.
+fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Option<Fprobe>, Errno> {
     if ips.is_empty() {
-        return Err(Errno::EINVAL);
+        return Ok(None);
     }
     let builder = match kind {
         Kind::Function => {
@@ -433,9 +435,12 @@ fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Fprobe, Errno
         }
         Kind::Nop => return Err(Errno::EINVAL),
     };
-    builder
-        .register_ips_lenient(ips)
-        .map_err(|_| Errno(libc::ENODEV))
+    match builder.register_ips_lenient(ips) {
+        Ok(fp) => Ok(Some(fp)),
+        // None of them could be patched; each says why in `unpatchable_functions`.
+        Err(ustrace_fprobe::Error::Refused(_)) => Ok(None),
+        Err(_) => Err(Errno(libc::ENODEV)),
+    }
 }
 
 /// Re-applies the instance's sets after one changed: a new patched set for the filter
@@ -455,7 +460,7 @@ pub(crate) fn sets_changed(instance: &Arc<Instance>, kind: SetKind) {
         SetKind::Filter | SetKind::Notrace => {
             let (ips, mut refused) = targets(instance);
             // The new fprobe first, then the old one goes: no call in between is missed.
-            let new = register(run.kind, &run.live, &ips).ok();
+            let new = register(run.kind, &run.live, &ips).ok().flatten();
             if let Some(fp) = &new {
                 refused.extend(fp.refused());
             }
