@@ -222,12 +222,21 @@ fn tracer_internal(name: &str) -> bool {
 }
 
 fn own_or_runtime(name: &str) -> bool {
+    // This library's modules, not a program's crate that is also called `ustrace` (the
+    // command's own `ustrace::demo` is traced like any program).
+    if let Some(rest) = name
+        .strip_prefix("ustrace::")
+        .or_else(|| name.strip_prefix("<ustrace::"))
+    {
+        let module = rest.split("::").next().unwrap_or(rest);
+        return LIBRARY_MODULES.contains(&module);
+    }
     const OWN: &[&str] = &[
-        "ustrace::",
         "ustrace_ringbuf::",
         "ustrace_fprobe::",
         "ustrace_inspect::",
-        "<ustrace",
+        "ustrace_ctl::",
+        "<ustrace_",
         "core::",
         "<core::",
         "alloc::",
@@ -245,6 +254,38 @@ fn own_or_runtime(name: &str) -> bool {
         || name.contains("ustrace_fprobe")
         || generic_runtime_impl(name)
 }
+
+/// The modules of this library (`crate::*`), whose functions the tracer and the tracefs
+/// behind it run.
+const LIBRARY_MODULES: &[&str] = &[
+    "__private",
+    "buffers",
+    "cpumask",
+    "dynevent",
+    "dynevent_cmd",
+    "event",
+    "event_file",
+    "filter",
+    "ftrace",
+    "hist",
+    "hist_inter",
+    "marker",
+    "options",
+    "output",
+    "rcu",
+    "runtime_event",
+    "serve",
+    "set_event",
+    "setup",
+    "snapshot",
+    "stage",
+    "synth",
+    "thread",
+    "trace",
+    "tracefs",
+    "tracepoint",
+    "trigger",
+];
 
 /// `<I as core::iter::IntoIterator>::into_iter`, `<u64 as core::ops::Add>::add`: the
 /// standard library's code instantiated for a type parameter or a primitive (what a trait
