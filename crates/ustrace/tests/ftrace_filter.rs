@@ -291,3 +291,22 @@ fn listeners_hear_each_committed_change_once() {
     assert!(set.contains(fsel_beta as *const () as usize));
     fs.rmdir(&dir).unwrap();
 }
+
+#[test]
+fn rust_paths_are_names_and_a_lone_colon_starts_a_command() {
+    keep_alive();
+    let fs = ustrace::tracefs();
+    let dir = instance("fsel_paths");
+    let filter = format!("{dir}/set_ftrace_filter");
+    fs.write_file(&filter, "ustrace::ftrace::filter::open\n")
+        .unwrap();
+    assert_eq!(read(&filter), "ustrace::ftrace::filter::open\n");
+    fs.write_file(&filter, "ustrace::ftrace::filter::open:mod:!\n")
+        .unwrap();
+    assert_eq!(read(&filter), "ustrace::ftrace::filter::open\n");
+    assert_eq!(
+        fs.write_file(&filter, "ustrace::ftrace::filter::open:nocommand\n"),
+        Err(Errno::EINVAL)
+    );
+    fs.rmdir(&dir).unwrap();
+}

@@ -516,10 +516,10 @@ fn process_word(
         }
         return if hit { Ok(()) } else { Err(Errno::EINVAL) };
     }
-    let Some((glob, rest)) = word.split_once(':') else {
+    let Some((glob, rest)) = split_lone_colon(word) else {
         return match_into(&inv, set, word, None).map(|_| ());
     };
-    let (name, param) = match rest.split_once(':') {
+    let (name, param) = match split_lone_colon(rest) {
         Some((n, p)) => (n, Some(p)),
         None => (rest, None),
     };
@@ -566,6 +566,24 @@ fn process_word(
         cached.push(entry);
     }
     Ok(())
+}
+
+/// Splits at the first `:` that is not half of a `::`: Rust and C++ names are paths
+/// (`my_crate::parse`), and only a lone colon starts a command (`parse:traceoff`).
+fn split_lone_colon(word: &str) -> Option<(&str, &str)> {
+    let b = word.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b':' {
+            if b.get(i + 1) == Some(&b':') {
+                i += 2;
+                continue;
+            }
+            return Some((&word[..i], &word[i + 1..]));
+        }
+        i += 1;
+    }
+    None
 }
 
 /// Adds (or with `!` removes) what `word` matches; `EINVAL` when it matches no function.

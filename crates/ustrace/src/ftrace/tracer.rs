@@ -222,12 +222,21 @@ fn tracer_internal(name: &str) -> bool {
 }
 
 fn own_or_runtime(name: &str) -> bool {
+    // This library's modules, not a program's crate that is also called `ustrace` (the
+    // command's own `ustrace::demo` is traced like any program).
+    if let Some(rest) = name
+        .strip_prefix("ustrace::")
+        .or_else(|| name.strip_prefix("<ustrace::"))
+    {
+        let module = rest.split("::").next().unwrap_or(rest);
+        return LIBRARY_MODULES.contains(&module);
+    }
     const OWN: &[&str] = &[
-        "ustrace::",
         "ustrace_ringbuf::",
         "ustrace_fprobe::",
         "ustrace_inspect::",
-        "<ustrace",
+        "ustrace_ctl::",
+        "<ustrace_",
         "core::",
         "<core::",
         "alloc::",
@@ -245,6 +254,38 @@ fn own_or_runtime(name: &str) -> bool {
         || name.contains("ustrace_fprobe")
         || generic_runtime_impl(name)
 }
+
+/// The modules of this library (`crate::*`), whose functions the tracer and the tracefs
+/// behind it run.
+const LIBRARY_MODULES: &[&str] = &[
+    "__private",
+    "buffers",
+    "cpumask",
+    "dynevent",
+    "dynevent_cmd",
+    "event",
+    "event_file",
+    "filter",
+    "ftrace",
+    "hist",
+    "hist_inter",
+    "marker",
+    "options",
+    "output",
+    "rcu",
+    "runtime_event",
+    "serve",
+    "set_event",
+    "setup",
+    "snapshot",
+    "stage",
+    "synth",
+    "thread",
+    "trace",
+    "tracefs",
+    "tracepoint",
+    "trigger",
+];
 
 /// `<I as core::iter::IntoIterator>::into_iter`, `<u64 as core::ops::Add>::add`: the
 /// standard library's code instantiated for a type parameter or a primitive (what a trait
@@ -379,10 +420,11 @@ fn start(instance: &Arc<Instance>, st: &super::State, kind: Kind) -> Result<Runn
     live.knobs.replace(Some(knobs));
     let (ips, mut refused) = targets(instance);
     let fprobe = match register(kind, &live, &ips) {
-        Ok(fp) => {
+        Ok(Some(fp)) => {
             refused.extend(fp.refused());
             Some(fp)
         }
+        Ok(None) => None,
         Err(e) => {
             if kind == Kind::Graph {
                 SLOTS_USED.fetch_and(!(1 << slot), Ordering::AcqRel);
@@ -411,11 +453,12 @@ fn claim_slot() -> Option<usize> {
     }
 }
 
-/// Registers the tracer's fprobe on `ips`; nothing to patch is not an error (the tracer
-/// runs and records nothing, as the kernel's with a filter on no function).
-fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Fprobe, Errno> {
+/// Registers the tracer's fprobe on `ips`. Nothing to patch (every selected function is
+/// the tracer's own or cannot be patched) is not an error: the tracer runs and records
+/// nothing, as the kernel's does with a filter whose functions are never called.
+fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Option<Fprobe>, Errno> {
     if ips.is_empty() {
-        return Err(Errno::EINVAL);
+        return Ok(None);
     }
     let builder = match kind {
         Kind::Function => {
@@ -434,9 +477,12 @@ fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Fprobe, Errno
         }
         Kind::Nop => return Err(Errno::EINVAL),
     };
-    builder
-        .register_ips_lenient(ips)
-        .map_err(|_| Errno(libc::ENODEV))
+    match builder.register_ips_lenient(ips) {
+        Ok(fp) => Ok(Some(fp)),
+        // None of them could be patched; each says why in `unpatchable_functions`.
+        Err(ustrace_fprobe::Error::Refused(_)) => Ok(None),
+        Err(_) => Err(Errno(libc::ENODEV)),
+    }
 }
 
 /// Re-applies the instance's sets after one changed: a new patched set for the filter
@@ -456,7 +502,7 @@ pub(crate) fn sets_changed(instance: &Arc<Instance>, kind: SetKind) {
         SetKind::Filter | SetKind::Notrace => {
             let (ips, mut refused) = targets(instance);
             // The new fprobe first, then the old one goes: no call in between is missed.
-            let new = register(run.kind, &run.live, &ips).ok();
+            let new = register(run.kind, &run.live, &ips).ok().flatten();
             if let Some(fp) = &new {
                 refused.extend(fp.refused());
             }
