@@ -154,6 +154,33 @@ struct OpenRemote {
     eof: bool,
     /// The task the connection was last told it acts for (`Client::act_for`).
     acting_for: Option<u32>,
+    /// Where and how it was opened, to open it again after a commit (see `flush`).
+    path: String,
+    flags: OpenFlags,
+    /// Written to since it was (re)opened.
+    written: bool,
+    /// Its remote file was closed by `flush`: the next read or write opens it again.
+    committed: bool,
+}
+
+impl OpenRemote {
+    /// Opens the remote file again after `flush` closed it: appending, since what was
+    /// written before is applied already (a second truncation would undo it).
+    fn reopen_if_committed(&mut self) -> Result<(), fuser::Errno> {
+        if !self.committed {
+            return Ok(());
+        }
+        let flags = OpenFlags {
+            truncate: false,
+            append: self.flags.write,
+            ..self.flags
+        };
+        let remote = self.client.open(&self.path, flags).map_err(|e| cerr(&e))?;
+        self.handle = remote.handle;
+        self.committed = false;
+        self.acting_for = None;
+        Ok(())
+    }
 }
 
 struct Adapter {
@@ -650,6 +677,10 @@ impl Filesystem for Adapter {
                 cache: Vec::new(),
                 eof: false,
                 acting_for: None,
+                path,
+                flags,
+                written: false,
+                committed: false,
             })
         })();
         match opened {
@@ -704,6 +735,11 @@ impl Filesystem for Adapter {
         }
         let mut f = lock(&file);
         let want = (offset as usize).saturating_add(size as usize);
+        if !f.eof && f.cache.len() < want {
+            if let Err(e) = f.reopen_if_committed() {
+                return reply.error(e);
+            }
+        }
         while !f.eof && f.cache.len() < want {
             let handle = f.handle;
             let chunk = (want - f.cache.len()).clamp(64 * 1024, crate::proto::MAX_DATA) as u32;
@@ -736,6 +772,9 @@ impl Filesystem for Adapter {
             Err(e) => return reply.error(e),
         };
         let mut f = lock(&file);
+        if let Err(e) = f.reopen_if_committed() {
+            return reply.error(e);
+        }
         // The traced process records the task that wrote (trace_marker), not this mount.
         let writer = req.pid();
         if f.acting_for != Some(writer) {
@@ -745,20 +784,38 @@ impl Filesystem for Adapter {
             f.acting_for = Some(writer);
         }
         let handle = f.handle;
+        f.written = true;
         match f.client.write(handle, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(cerr(&e)),
         }
     }
 
+    /// close(2) of a descriptor. Files that act when closed (`set_ftrace_filter` applies
+    /// its words, as the kernel's does at release) are closed here, once something was
+    /// written: the kernel sends FUSE's `release` only after close(2) has returned, in the
+    /// background, so a command run next (`echo > trace`) could otherwise come first. A
+    /// shell's `echo x > FILE` flushes twice (the descriptor it opened, before the write,
+    /// then the one it wrote through); only the second has something to apply. Written
+    /// again through another descriptor of the same open file, it is opened again.
     fn flush(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let Ok(file) = self.file(fh) else {
+            return reply.ok();
+        };
+        let mut f = lock(&file);
+        if f.written && !f.committed && !f.stream {
+            let handle = f.handle;
+            f.written = false;
+            f.committed = true;
+            let _ = f.client.close(handle);
+        }
         reply.ok();
     }
 
@@ -779,7 +836,7 @@ impl Filesystem for Adapter {
                 Arc::try_unwrap(file).map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
             {
                 let mut client = f.client;
-                if client.close(f.handle).is_ok() {
+                if f.committed || client.close(f.handle).is_ok() {
                     self.give_back(client);
                 }
             }
