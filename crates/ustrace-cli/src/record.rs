@@ -50,6 +50,13 @@ pub struct RecordArgs {
     /// Entry and exit fprobes (group `funcs`) on the program's functions matching a glob.
     #[arg(short = 'F', long = "funcs", value_name = "GLOB")]
     pub funcs: Vec<String>,
+    /// A tracer to run (`function`, `function_graph`), as trace-cmd's -p; with it, -F and
+    /// -l name the functions it traces (set_ftrace_filter), every function when none.
+    #[arg(short = 'p', long = "plugin", value_name = "TRACER")]
+    pub plugin: Option<String>,
+    /// set_ftrace_filter words for -p (trace-cmd's -l), repeatable.
+    #[arg(short = 'l', long = "ftrace-filter", value_name = "GLOB")]
+    pub ftrace_filter: Vec<String>,
     /// The output file.
     #[arg(
         short = 'o',

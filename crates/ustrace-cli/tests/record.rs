@@ -239,3 +239,58 @@ fn bad_setup_is_refused_with_the_kernels_errno() {
         "{stderr}"
     );
 }
+
+// Issue 20 item 5: `record -p function_graph -F GLOB` records the function graph tracer
+// of a program that never heard of ustrace, and the file names the functions (the
+// tracefs's `available_filter_functions_addrs` becomes the file's kallsyms), so the real
+// trace-cmd draws the calls with their durations.
+#[test]
+fn the_function_graph_of_a_program_is_recorded() {
+    let Some(env) = Env::new("graph") else { return };
+    let prog = env.cc("counter", COUNTER);
+    let shared = env.dir.join("counts");
+    std::fs::write(&shared, vec![0u8; 4096]).unwrap();
+    let out = env.dir.join("graph.dat");
+    let output = env
+        .record()
+        .args(["-p", "function_graph", "-F", "one", "-F", "two", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&prog)
+        .arg(&shared)
+        .arg("4")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let reader = Reader::open(&out).unwrap();
+    let names: Vec<String> = reader.events().map(|e| e.unwrap().name).collect();
+    assert_eq!(
+        names,
+        ["funcgraph_entry", "funcgraph_exit"].repeat(8),
+        "{stderr}"
+    );
+    let ours = ustrace_report(&out);
+    let entries: Vec<&String> = ours
+        .iter()
+        .filter(|l| l.contains("funcgraph_entry"))
+        .collect();
+    assert_eq!(entries.len(), 8, "{ours:?}");
+    assert!(
+        entries[0].contains("--> one ") && entries[1].contains("--> two "),
+        "{ours:?}"
+    );
+    let Some(theirs) = trace_cmd_report(&out) else {
+        eprintln!("skipped: trace-cmd is not installed");
+        return;
+    };
+    let calls: Vec<&String> = theirs
+        .iter()
+        .filter(|l| l.contains("funcgraph_entry"))
+        .collect();
+    assert_eq!(calls.len(), 8, "{theirs:?}");
+    for (i, line) in calls.iter().enumerate() {
+        let name = if i % 2 == 0 { "one();" } else { "two();" };
+        assert!(line.contains(" us ") && line.ends_with(name), "{theirs:?}");
+    }
+}

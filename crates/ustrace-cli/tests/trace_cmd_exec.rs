@@ -408,7 +408,7 @@ fn trace_cmd_show_stat_list_and_reset() {
     }
     let out = f.exec(&["trace-cmd", "list", "-t"], limit);
     assert_ok("trace-cmd list -t", &out);
-    assert_eq!(out.stdout.trim(), "nop");
+    assert_eq!(out.stdout.trim(), "function_graph function nop");
     let out = f.exec(&["trace-cmd", "list", "-o"], limit);
     assert_ok("trace-cmd list -o", &out);
     assert!(

@@ -14,6 +14,8 @@ use crate::page::PageLayout;
 /// The ftrace events trace-cmd stores formats of, besides any listed in `available_events`.
 const FTRACE_EVENTS: &[&str] = &[
     "function",
+    "funcgraph_entry",
+    "funcgraph_exit",
     "print",
     "bprint",
     "bputs",
@@ -53,6 +55,25 @@ pub struct TraceMeta {
 /// A file the tracefs does not have (an older kernel, no such CPU, an event gone).
 fn not_found(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound
+}
+
+/// `available_filter_functions_addrs` lines (`ADDR NAME [MODULE]`) as `/proc/kallsyms`
+/// lines (`ADDR t NAME [MODULE]`), the form trace.dat keeps.
+fn kallsyms_of_addrs(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() + text.len() / 8);
+    for line in String::from_utf8_lossy(text).lines() {
+        let Some((addr, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        if addr.is_empty() || !addr.bytes().all(|b| b.is_ascii_hexdigit()) || rest.is_empty() {
+            continue;
+        }
+        out.extend_from_slice(addr.as_bytes());
+        out.extend_from_slice(b" t ");
+        out.extend_from_slice(rest.as_bytes());
+        out.push(b'\n');
+    }
+    out
 }
 
 fn context(e: io::Error, path: &str) -> io::Error {
@@ -142,7 +163,12 @@ impl TraceMeta {
             header_event,
             ftrace_formats,
             event_formats,
-            kallsyms: Vec::new(),
+            // The functions' addresses, as kallsyms lines, so that readers name the
+            // functions of `function`/`funcgraph_*` records and probe addresses; a tracefs
+            // without the file (or one that refuses it) leaves them as numbers.
+            kallsyms: get("available_filter_functions_addrs")
+                .map(|text| kallsyms_of_addrs(&text))
+                .unwrap_or_default(),
             printk_formats,
             saved_cmdlines,
             saved_tgids,
@@ -228,5 +254,14 @@ mod tests {
         };
         assert_eq!(meta.cmdlines()[&12], "kv worker");
         assert_eq!(meta.tgids()[&12], 10);
+    }
+
+    #[test]
+    fn function_addresses_become_kallsyms_lines() {
+        let text = b"55d0c0a01149 parse\n7f00aa000010 malloc [libc.so.6]\nnot-an-address line\n\n";
+        assert_eq!(
+            kallsyms_of_addrs(text),
+            b"55d0c0a01149 t parse\n7f00aa000010 t malloc [libc.so.6]\n".to_vec()
+        );
     }
 }

@@ -27,6 +27,11 @@ pub struct Plan {
     pub funcs: Vec<String>,
     pub buffer_kb: Option<u64>,
     pub clock: Option<String>,
+    /// `-p TRACER` (trace-cmd's plugin): `function` or `function_graph`, over the
+    /// functions `-l` (or, with `-p`, `-F`) names through `set_ftrace_filter`.
+    pub tracer: Option<String>,
+    /// `-l GLOB`: `set_ftrace_filter` words.
+    pub ftrace_filter: Vec<String>,
 }
 
 /// Reads the flags of `record` in order from `args` (everything after `record`, up to
@@ -80,6 +85,8 @@ pub fn from_args(args: &[String]) -> Result<Plan, String> {
             }
             "--probe" => plan.probes.push(value(&mut i, "--probe", inline)?),
             "-F" | "--funcs" => plan.funcs.push(value(&mut i, "-F", inline)?),
+            "-p" | "--plugin" => plan.tracer = Some(value(&mut i, "-p", inline)?),
+            "-l" | "--ftrace-filter" => plan.ftrace_filter.push(value(&mut i, "-l", inline)?),
             "-b" | "--buffer-kb" => {
                 let v = value(&mut i, "-b", inline)?;
                 plan.buffer_kb = Some(
@@ -97,6 +104,17 @@ pub fn from_args(args: &[String]) -> Result<Plan, String> {
             _ => break,
         }
         i += 1;
+    }
+    if plan.tracer.is_some() {
+        // With a tracer, `-F` names the functions it traces (issue's `record -p
+        // function_graph -F GLOB`), resolved by the tracefs as set_ftrace_filter resolves
+        // them, libraries included: no fprobe events.
+        let funcs = std::mem::take(&mut plan.funcs);
+        plan.ftrace_filter.extend(funcs);
+    } else if !plan.ftrace_filter.is_empty() {
+        return Err(
+            "-l GLOB names the functions of a tracer: give -p function or -p function_graph".into(),
+        );
     }
     Ok(plan)
 }
@@ -268,6 +286,15 @@ impl Plan {
         }
         for g in groups {
             lines.push(format!("events/{g}/enable 1"));
+        }
+        if let Some(tracer) = &self.tracer {
+            for glob in &self.ftrace_filter {
+                if glob.contains(char::is_whitespace) {
+                    return Err(format!("-l {glob:?}: one glob per flag"));
+                }
+                lines.push(format!("set_ftrace_filter >> {glob}"));
+            }
+            lines.push(format!("current_tracer {tracer}"));
         }
         Ok(lines)
     }

@@ -73,6 +73,7 @@ const TOP_FILES: &[(&str, u32)] = &[
     ("README", 0o440),
     ("available_events", 0o440),
     ("available_filter_functions", 0o440),
+    ("available_filter_functions_addrs", 0o440),
     ("dynamic_events", 0o640),
     ("enabled_functions", 0o440),
     ("printk_formats", 0o440),
@@ -606,6 +607,9 @@ fn open_instance_file(
         "available_filter_functions" => {
             text(ustrace_inspect::symbols::inventory().available_filter_functions())
         }
+        "available_filter_functions_addrs" => {
+            text(ustrace_inspect::symbols::inventory().available_filter_functions_addrs())
+        }
         "enabled_functions" => text(ustrace_fprobe::enabled_functions()),
         "function_profile_enabled" => fnprof::open_enabled(instance),
         "dynamic_events" => crate::dynevent::open(flags),
@@ -919,6 +923,7 @@ ustrace tracefs: the kernel's event tracing, served by this process.
 
   available_events\t- events that can be enabled
   available_filter_functions - functions an fprobe can be put on
+  available_filter_functions_addrs - the same, each with its address
   enabled_functions\t- functions with an fprobe on them
   dynamic_events\t\t- lists the dynamic events; a line written defines one,
 \t\t\t  a '-:' line removes one, a truncating write removes all.
