@@ -6,7 +6,7 @@
 //! change of those sets while the tracer runs registers the new fprobe before the old one is
 //! dropped. What the handlers check per call (`set_ftrace_pid`, `set_graph_function`,
 //! `set_graph_notrace`, `max_graph_depth`, `tracing_thresh`, the tracer's options) is read
-//! from atomics and an RCU-published [`Knobs`], so the handlers take no lock, allocate
+//! from atomics and an RCU-published `Knobs`, so the handlers take no lock, allocate
 //! nothing and make no system call.
 //!
 //! ```text
