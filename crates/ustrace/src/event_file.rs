@@ -313,6 +313,19 @@ impl EventFile {
         finish: impl FnOnce(&mut [u8]),
     ) {
         let pid = thread::current_tid(&self.shared.record_cmd);
+        // A record nothing can reject (only triggers look at it) is reserved in place
+        // before its triggers run, as the kernel reserves it: what a record hook writes
+        // (an eprobe on this event) comes after it, and nothing is copied. When it cannot
+        // be reserved (tracing off, or a full buffer that counted the drop) the triggers
+        // still see it, built aside, and it is not written again.
+        let mut write_kept = true;
+        if flags & (flag::SOFT_DISABLED | flag::CPU_MASK | flag::FILTERED) == 0 {
+            if let Some(slot) = self.shared.buffer.reserve(len) {
+                self.record_in_place(slot, pid, flags, fill, finish);
+                return;
+            }
+            write_kept = false;
+        }
         if len <= STACK_RECORD_SIZE {
             // A small record (a hist trigger's key event, most events) is built in this
             // frame: no thread-local to reach, nothing to borrow.
@@ -322,7 +335,7 @@ impl EventFile {
             fill(record);
             let (keep, fired) = self.decide(flags, record);
             finish(record);
-            let kept = keep && self.shared.buffer.write(record);
+            let kept = keep && write_kept && self.shared.buffer.write(record);
             if kept && flags & flag::STACKS != 0 {
                 record_stacks(&self.shared, flags, pid);
             }
@@ -345,7 +358,7 @@ impl EventFile {
             (fill.take().expect("fill used once"))(record);
             let (keep, fired) = self.decide(flags, record);
             (finish.take().expect("finish used once"))(record);
-            let kept = keep && self.shared.buffer.write(record);
+            let kept = keep && write_kept && self.shared.buffer.write(record);
             Some((kept, fired))
         });
         if let Ok(Some((kept, fired))) = built {
@@ -356,17 +369,34 @@ impl EventFile {
             trigger_stage::run_actions(&self.triggers, &self.shared, fired);
             return;
         }
-        let Some(fill) = fill.take() else { return };
-        let Some(mut slot) = self.shared.buffer.reserve(len) else {
+        let (Some(fill), Some(finish)) = (fill.take(), finish.take()) else {
             return;
         };
+        if !write_kept {
+            return;
+        }
+        let Some(slot) = self.shared.buffer.reserve(len) else {
+            return;
+        };
+        self.record_in_place(slot, pid, flags, fill, finish);
+    }
+
+    /// Builds a record in its reserved slot, runs its triggers on it, and commits or
+    /// discards it as they decide.
+    #[inline(always)]
+    fn record_in_place(
+        &self,
+        mut slot: ustrace_ringbuf::Reservation<'_>,
+        pid: i32,
+        flags: u32,
+        fill: impl FnOnce(&mut [u8]),
+        finish: impl FnOnce(&mut [u8]),
+    ) {
         let record: &mut [u8] = &mut slot;
         self.write_header(record, pid);
         fill(record);
         let (keep, fired) = self.decide(flags, record);
-        if let Some(finish) = finish.take() {
-            finish(record);
-        }
+        finish(record);
         if keep {
             slot.commit();
             if flags & flag::STACKS != 0 {

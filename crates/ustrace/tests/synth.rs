@@ -429,10 +429,11 @@ fn filters_triggers_and_eprobes_work_on_them() {
     write(&inst.path("events/synth_ep/on_lat/enable"), "0").unwrap();
     assert_eq!(
         texts(&inst.lines()),
-        // The kernel runs an eprobe before the source record is committed.
+        // The kernel reserves the source record in the ring buffer, then runs the eprobe
+        // (a trigger) before committing it: the source comes first.
         [
-            "on_lat: (synthetic.stage_lat) l=0x7 op=\"eprobed\"",
             "stage_lat: lat=7 op=eprobed",
+            "on_lat: (synthetic.stage_lat) l=0x7 op=\"eprobed\"",
         ]
     );
     // The synthetic event is the eprobe's source: busy until the eprobe goes.
