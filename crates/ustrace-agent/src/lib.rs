@@ -112,12 +112,9 @@ extern "C" fn agent_init() {
     let mut errors = Vec::new();
     with_program_signals_kept(|| {
         with_low_fds_taken(|| {
-            errors = start(setup.as_deref(), events.as_deref());
+            errors = start(setup.as_deref(), events.as_deref(), errors_to.as_deref());
         })
     });
-    if !errors.is_empty() {
-        report(errors_to.as_deref(), &errors);
-    }
     if let Some(fd) = sync {
         wait_for_recorder(fd);
     }
@@ -143,11 +140,14 @@ fn wait_for_recorder(fd: i32) {
     }
 }
 
-/// Applies the setup, then serves; the errors, one line each.
-fn start(setup: Option<&OsStr>, events: Option<&OsStr>) -> Vec<String> {
+/// Applies the setup, reports its errors (to the file `errors_to` names), then serves;
+/// the errors, one line each. The recorder reads the file once it reaches the socket, so
+/// the file is complete before the socket exists.
+fn start(setup: Option<&OsStr>, events: Option<&OsStr>, errors_to: Option<&OsStr>) -> Vec<String> {
     let mut errors = Vec::new();
     if let Err(e) = ustrace::trace::try_tracing() {
         errors.push(format!("cannot set up tracing: {e}"));
+        report(errors_to, &errors);
         return errors;
     }
     if let Some(file) = setup {
@@ -163,8 +163,13 @@ fn start(setup: Option<&OsStr>, events: Option<&OsStr>) -> Vec<String> {
             None => errors.push("USTRACE_EVENTS: not valid UTF-8".into()),
         }
     }
+    if !errors.is_empty() {
+        report(errors_to, &errors);
+    }
     if let Err(e) = serve() {
-        errors.push(format!("cannot serve the tracefs: {e}"));
+        let e = format!("cannot serve the tracefs: {e}");
+        report(errors_to, std::slice::from_ref(&e));
+        errors.push(e);
     }
     errors
 }
