@@ -49,6 +49,9 @@ macro_rules! skip_unless_ready {
 struct Fixture {
     child: Child,
     dir: PathBuf,
+    /// The other user's socket directory (`/tmp/ustrace-UID`) when this fixture made it:
+    /// removed at the end, so later tests find the machine as it was.
+    socket_dir: Option<PathBuf>,
 }
 
 impl Fixture {
@@ -67,8 +70,13 @@ impl Fixture {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         let mut cmd = Command::new(FIXTURE);
+        let mut socket_dir = None;
         if let Some(uid) = uid {
             cmd.uid(uid).gid(uid);
+            let d = std::env::temp_dir().join(format!("ustrace-{uid}"));
+            if !d.exists() {
+                socket_dir = Some(d);
+            }
         }
         let child = cmd
             .current_dir(&dir)
@@ -77,7 +85,11 @@ impl Fixture {
             .default_signals()
             .spawn()
             .expect("start the fixture");
-        let f = Fixture { child, dir };
+        let f = Fixture {
+            child,
+            dir,
+            socket_dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while f.ctl(&["cat", "tracing_on"]).is_err() {
             assert!(Instant::now() < deadline, "the fixture never served");
@@ -126,6 +138,9 @@ impl Drop for Fixture {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(d) = &self.socket_dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
     }
 }
 
