@@ -938,21 +938,32 @@ mod tests {
             ("f:t/g f b=$arg1:b3@2/32", false),
         ];
         for (line, direct) in cases {
-            let d = match parse_command(line, &RegsEnv) {
-                Ok(DynCommand::Create(d)) => d,
-                other => panic!("{line}: {other:?}"),
-            };
-            let fast = d.compile(None);
-            let codes: Vec<_> = d.args.iter().map(|a| (&a.code, a.ty, a.count)).collect();
-            assert_eq!(fast.direct.is_some(), direct, "{line}: {codes:?}");
-            let mut slow = fast.clone();
-            slow.direct = None;
-            let n = fast.record_size(&ctx);
-            assert_eq!(n, slow.record_size(&ctx), "{line}");
-            let (mut a, mut b) = (vec![0xAAu8; n], vec![0x55u8; n]);
-            assert_eq!(fast.run(&ctx, &mut a), slow.run(&ctx, &mut b), "{line}");
-            assert_eq!(a, b, "{line}");
+            direct_matches_interpreter(line, &RegsEnv, &ctx, direct);
         }
+    }
+
+    /// Compiles `line` and checks that it takes the direct path exactly when `direct`
+    /// says, and that the direct path stores what the interpreter stores.
+    fn direct_matches_interpreter<C: FetchContext>(
+        line: &str,
+        env: &dyn ProbeEnv,
+        ctx: &C,
+        direct: bool,
+    ) {
+        let d = match parse_command(line, env) {
+            Ok(DynCommand::Create(d)) => d,
+            other => panic!("{line}: {other:?}"),
+        };
+        let fast = d.compile(None);
+        let codes: Vec<_> = d.args.iter().map(|a| (&a.code, a.ty, a.count)).collect();
+        assert_eq!(fast.direct.is_some(), direct, "{line}: {codes:?}");
+        let mut slow = fast.clone();
+        slow.direct = None;
+        let n = fast.record_size(ctx);
+        assert_eq!(n, slow.record_size(ctx), "{line}");
+        let (mut a, mut b) = (vec![0xAAu8; n], vec![0x55u8; n]);
+        assert_eq!(fast.run(ctx, &mut a), slow.run(ctx, &mut b), "{line}");
+        assert_eq!(a, b, "{line}");
     }
 
     /// A source record for eprobes: fields of every layout class.
@@ -1035,20 +1046,7 @@ mod tests {
             ("e:t/f s.e q=$q s=$s:string", false),
         ];
         for (line, direct) in cases {
-            let d = match parse_command(line, &RecEnv) {
-                Ok(DynCommand::Create(d)) => d,
-                other => panic!("{line}: {other:?}"),
-            };
-            let fast = d.compile(None);
-            let codes: Vec<_> = d.args.iter().map(|a| (&a.code, a.ty, a.count)).collect();
-            assert_eq!(fast.direct.is_some(), direct, "{line}: {codes:?}");
-            let mut slow = fast.clone();
-            slow.direct = None;
-            let n = fast.record_size(&ctx);
-            assert_eq!(n, slow.record_size(&ctx), "{line}");
-            let (mut a, mut b) = (vec![0xAAu8; n], vec![0x55u8; n]);
-            assert_eq!(fast.run(&ctx, &mut a), slow.run(&ctx, &mut b), "{line}");
-            assert_eq!(a, b, "{line}");
+            direct_matches_interpreter(line, &RecEnv, &ctx, direct);
         }
     }
 }
