@@ -294,3 +294,35 @@ fn the_function_graph_of_a_program_is_recorded() {
         assert!(line.contains(" us ") && line.ends_with(name), "{theirs:?}");
     }
 }
+
+// Issue 16 item 7: the demo tells the story in three commands — record a C program that
+// never heard of ustrace with fprobes on two functions, report it, export it.
+#[test]
+fn the_demo_records_a_c_program_in_three_commands() {
+    let Some(_env) = Env::new("demo") else { return };
+    let out = Command::new(ustrace())
+        .args(["demo", "--any-program"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "$ ustrace record -F parse -F checksum -- ./prog",
+        "$ ustrace report trace.dat",
+        "$ ustrace export --chrome out.json trace.dat",
+        "12 events in ",
+        "parse__entry:",
+        "checksum__exit:",
+        "out.json: 12 events",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+    assert!(
+        !text.contains("skipped:") && !text.contains("failed:"),
+        "{text}"
+    );
+}
