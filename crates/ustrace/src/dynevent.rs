@@ -723,23 +723,16 @@ fn create_checked(definition: ProbeDefinition) -> Result<EventId, (Errno, Option
     };
     let program = Arc::new(definition.compile(Some(ustrace_inspect::symbols::inventory())));
     if let Some((id, event)) = existing {
-        // Registering the new probe where the event is enabled can still fail.
-        let failed = |errno: Errno| {
-            let id = if errno == Errno::ENOENT {
+        // Registering the new probe where the event is enabled can still fail; its error is
+        // logged under the probed symbol, as the kernel logs it.
+        let words = definition.clone();
+        append(&event, definition, program).map_err(|e| {
+            let id = if e == Errno::ENOENT {
                 ErrorId::BAD_PROBE_ADDR
             } else {
                 ErrorId::FAIL_REG_PROBE
             };
-            Some(definition.error(id, 1, 0, ProbeErrno::Inval).log_text())
-        };
-        let failed_log = [failed(Errno::ENOENT), failed(Errno::EINVAL)];
-        append(&event, definition, program).map_err(|e| {
-            let log = if e == Errno::ENOENT {
-                failed_log[0].clone()
-            } else {
-                failed_log[1].clone()
-            };
-            (e, log)
+            (e, Some(words.error(id, 1, 0, ProbeErrno::Inval).log_text()))
         })?;
         return Ok(id);
     }
