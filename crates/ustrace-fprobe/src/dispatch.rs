@@ -697,3 +697,59 @@ pub fn outstanding_frames() -> usize {
     // SAFETY: reading a field of this thread's own state.
     unsafe { (*ts()).depth }
 }
+
+/// Puts the real return address back into every live hooked frame of the calling thread for
+/// the length of a stack walk, keeping the frames: their exits still run once
+/// [`hide_real_returns`] has hooked them again. `token` records which slots changed
+/// (bits 0..MAX_FRAMES), the depth, and whether this call set `busy` — while it is set, probes
+/// hit by the walk itself count as missed instead of hooking frames the walk may look at.
+///
+/// Frames below the walker's stack pointer are stale (left by `longjmp`) and not touched; a
+/// slot is rewritten only while it holds the trampoline, as `detach_thread_frames` does.
+pub(crate) fn show_real_returns(token: &mut [u64; 6]) {
+    const _: () = assert!(MAX_FRAMES <= 4 * 64);
+    let ts = ts();
+    let tramp = arch::return_trampoline();
+    let here = token.as_ptr() as usize;
+    // SAFETY: own thread state. Live frames' slots are return slots of frames above the
+    // walker's, which cannot return before the walk does.
+    unsafe {
+        if !(*ts).busy {
+            (*ts).busy = true;
+            token[5] = 1;
+        }
+        let depth = (*ts).depth;
+        token[4] = depth as u64;
+        for i in (0..depth).rev() {
+            let f = &(*ts).frames[i];
+            if f.sp <= here {
+                continue;
+            }
+            let slot = f.sp as *mut usize;
+            if *slot == tramp {
+                *slot = f.ret;
+                token[i / 64] |= 1 << (i % 64);
+            }
+        }
+    }
+}
+
+/// Hooks again the slots [`show_real_returns`] gave back, outermost first so that a chain of
+/// tail calls sharing one slot ends with the trampoline in it.
+pub(crate) fn hide_real_returns(token: &[u64; 6]) {
+    let ts = ts();
+    let tramp = arch::return_trampoline();
+    // SAFETY: own thread state; the frames recorded in the token are still live (the walk
+    // returned to a frame below all of them).
+    unsafe {
+        let depth = (token[4] as usize).min((*ts).depth);
+        for i in 0..depth {
+            if token[i / 64] & (1 << (i % 64)) != 0 {
+                *((*ts).frames[i].sp as *mut usize) = tramp;
+            }
+        }
+        if token[5] == 1 {
+            (*ts).busy = false;
+        }
+    }
+}

@@ -20,6 +20,11 @@
 //! catches the panic or that took the backtrace. The unwinder's own functions never get their
 //! return hooked (their callers must stay visible to them).
 //!
+//! The stack captures of `ustrace_inspect::stack` (the `stacktrace` trigger and option) need
+//! no such price: they only read the stack and return to their caller. A walk guard puts the
+//! real return addresses back for the length of the capture and hooks them again afterwards,
+//! so the frames it walks keep their exits.
+//!
 //! `longjmp` needs no hook: frames it skips are recognised by their stack pointer and dropped
 //! at the next probe event of that thread (see `dispatch`).
 
@@ -44,6 +49,12 @@ static STATUS: Mutex<Option<HookStatus>> = Mutex::new(None);
 /// Installs the hooks once (idempotent). Called before registering any fprobe with an exit
 /// handler, outside the registry lock.
 pub(crate) fn ensure_hooks() {
+    // Our own stack captures (the `stacktrace` trigger and option) walk a stack whose hooked
+    // returns are put back just for the walk: those frames keep their exits.
+    ustrace_inspect::stack::set_walk_guard(ustrace_inspect::stack::WalkGuard {
+        begin: dispatch::show_real_returns,
+        end: dispatch::hide_real_returns,
+    });
     hook_once(&STATUS, &UNWIND_ENTRY_POINTS, || {
         FprobeBuilder::new()
             .internal()

@@ -45,6 +45,27 @@ pub fn uw_bt_outer(x: u64) -> String {
     black_box(s)
 }
 
+/// Captures the stack the way the `stacktrace` trigger does and names each frame.
+#[no_mangle]
+#[inline(never)]
+pub fn uw_cap_inner(x: u64) -> Vec<String> {
+    let _ = black_box(x);
+    let mut frames = [0usize; 32];
+    let n = ustrace_inspect::stack::capture(0, &mut frames);
+    let inv = ustrace_inspect::symbols::inventory();
+    frames[..n]
+        .iter()
+        .map(|&a| inv.format_sym_off(a.saturating_sub(1)))
+        .collect()
+}
+
+#[no_mangle]
+#[inline(never)]
+pub fn uw_cap_outer(x: u64) -> Vec<String> {
+    let s = uw_cap_inner(black_box(x));
+    black_box(s)
+}
+
 fn counting(names: &[&str]) -> (Fprobe, Arc<AtomicU64>, Arc<AtomicU64>) {
     let entries = Arc::new(AtomicU64::new(0));
     let exits = Arc::new(AtomicU64::new(0));
@@ -154,6 +175,36 @@ fn backtrace_inside_a_probed_function_shows_real_callers() {
         bt.contains("backtrace_inside_a_probed_function_shows_real_callers"),
         "{bt}"
     );
+}
+
+#[test]
+fn stack_capture_inside_probed_functions_keeps_their_exits() {
+    let _g = serial();
+    let (fp, entries, exits) = counting(&["uw_cap_inner", "uw_cap_outer"]);
+    let missed_before = fp.nmissed();
+    let mut stacks = Vec::new();
+    for i in 0..3 {
+        stacks.push(uw_cap_outer(i));
+    }
+    let missed = fp.nmissed() - missed_before;
+    drop(fp);
+    for stack in &stacks {
+        let at = |name: &str| stack.iter().position(|f| f.starts_with(name));
+        // The walk saw the real callers, in order, through both hooked returns.
+        let (inner, outer, test) = (
+            at("uw_cap_inner"),
+            at("uw_cap_outer"),
+            at("unwind::stack_capture_inside_probed_functions_keeps_their_exits"),
+        );
+        assert!(
+            inner.is_some() && inner < outer && outer < test,
+            "{stack:#?}"
+        );
+    }
+    // ...and both frames still returned through their exit handlers.
+    assert_eq!(entries.load(Ordering::Relaxed), 6);
+    assert_eq!(exits.load(Ordering::Relaxed), 6, "missed {missed}");
+    assert_eq!(missed, 0);
 }
 
 #[test]

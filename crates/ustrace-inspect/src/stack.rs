@@ -79,6 +79,45 @@ extern "C" fn collect(ctx: *mut UnwindContext, arg: *mut c_void) -> i32 {
     URC_NO_REASON
 }
 
+/// What a walk guard keeps between its two calls (opaque to this module).
+pub type WalkToken = [u64; 6];
+
+/// A pair of functions run around every stack walk of this module, for code that hides
+/// return addresses from unwinders: `ustrace-fprobe` replaces the return slot of each call
+/// whose exit it hooks with its return trampoline, through which no unwinder can step.
+/// `begin` puts the real return addresses back for the length of the walk (recording which in
+/// the token), `end` hooks them again. Both must be as cheap and as free of locks and
+/// allocation as the walk itself.
+#[derive(Clone, Copy, Debug)]
+pub struct WalkGuard {
+    /// Run before the walk, with a zeroed token.
+    pub begin: fn(&mut WalkToken),
+    /// Run after the walk, with the token `begin` filled.
+    pub end: fn(&WalkToken),
+}
+
+static WALK_GUARD: std::sync::OnceLock<WalkGuard> = std::sync::OnceLock::new();
+
+/// Installs the guard run around every later walk; the first one installed stays.
+pub fn set_walk_guard(guard: WalkGuard) {
+    let _ = WALK_GUARD.set(guard);
+}
+
+/// Runs `walk` between the guard's two halves, when a guard is installed.
+#[inline(always)]
+fn guarded<R>(walk: impl FnOnce() -> R) -> R {
+    match WALK_GUARD.get() {
+        None => walk(),
+        Some(g) => {
+            let mut token = [0u64; 6];
+            (g.begin)(&mut token);
+            let r = walk();
+            (g.end)(&token);
+            r
+        }
+    }
+}
+
 /// Fills `out` with the return addresses of the current thread's stack,
 /// innermost first, after skipping `skip` frames above the caller of
 /// `capture` (with `skip == 0` the first entry is a return address inside the
@@ -95,8 +134,10 @@ pub fn capture(skip: usize, out: &mut [usize]) -> usize {
         out,
         n: 0,
     };
-    // SAFETY: the callback only uses the collector for the duration of the call.
-    unsafe { _Unwind_Backtrace(collect, &mut c as *mut Collector<'_> as *mut c_void) };
+    guarded(|| {
+        // SAFETY: the callback only uses the collector for the duration of the call.
+        unsafe { _Unwind_Backtrace(collect, &mut c as *mut Collector<'_> as *mut c_void) };
+    });
     c.n
 }
 
@@ -110,6 +151,10 @@ pub fn capture_frame_pointers(skip: usize, out: &mut [usize]) -> usize {
     unsafe {
         std::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags))
     };
+    guarded(|| walk_frame_pointers(fp, skip, out))
+}
+
+fn walk_frame_pointers(mut fp: usize, skip: usize, out: &mut [usize]) -> usize {
     let mut skip = skip;
     let mut n = 0;
     while n < out.len() && fp != 0 && fp.is_multiple_of(8) {
