@@ -268,6 +268,7 @@ pub(crate) fn prepare_slot_release() {
     });
 }
 
+#[inline(always)]
 fn ts() -> *mut ThreadState {
     TS.with(|t| t.get())
 }
@@ -516,6 +517,22 @@ unsafe fn real_return_of(ts: *mut ThreadState, sp: usize, depth: usize) -> usize
         }
         ret
     }
+}
+
+/// Called by the entry trampoline with the site pointer and the saved registers; true when
+/// it hooked the return. Defined here rather than beside the trampoline so that the whole hit
+/// path and the thread-local it reads are in one codegen unit: split, the thread-local's
+/// accessor was left as an out-of-line call on every hit.
+pub(crate) extern "C" fn entry_shim(site: *const Site, regs: *mut PtRegs) -> bool {
+    // SAFETY: the trampoline passes the live Site of the stub it came from (sites are never
+    // freed) and a PtRegs frame on its own stack, exclusively ours for this call.
+    unsafe { on_entry(&*site, &mut *regs) }
+}
+
+/// Called by the return trampoline; rewrites the return slot and `regs.ip` to the real caller.
+pub(crate) extern "C" fn exit_shim(regs: *mut PtRegs) {
+    // SAFETY: PtRegs frame on the trampoline's stack.
+    unsafe { on_exit(&mut *regs) }
 }
 
 /// Entry of a probed function. Called by the arch entry trampoline. True when this call's

@@ -40,7 +40,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::regs::{PtRegs, PT_REGS_SIZE};
+use super::regs::PT_REGS_SIZE;
 
 macro_rules! save_regs {
     () => {
@@ -215,27 +215,13 @@ std::arch::global_asm!(
     ".cfi_endproc",
     ".size ustrace_fprobe_return_trampoline, . - ustrace_fprobe_return_trampoline",
     ".popsection",
-    entry = sym dispatch_entry_shim,
-    exit = sym dispatch_exit_shim,
+    entry = sym crate::dispatch::entry_shim,
+    exit = sym crate::dispatch::exit_shim,
 );
 
 extern "C" {
     fn ustrace_fprobe_entry_trampoline();
     fn ustrace_fprobe_return_trampoline();
-}
-
-/// Called by the entry trampoline with the site pointer and the saved registers; true when
-/// it hooked the return.
-extern "C" fn dispatch_entry_shim(site: *const crate::dispatch::Site, regs: *mut PtRegs) -> bool {
-    // SAFETY: the trampoline passes the live Site of the stub it came from (sites are never
-    // freed) and a PtRegs frame on its own stack, exclusively ours for this call.
-    unsafe { crate::dispatch::on_entry(&*site, &mut *regs) }
-}
-
-/// Called by the return trampoline; rewrites the return slot and `regs.ip` to the real caller.
-extern "C" fn dispatch_exit_shim(regs: *mut PtRegs) {
-    // SAFETY: PtRegs frame on the trampoline's stack.
-    unsafe { crate::dispatch::on_exit(&mut *regs) }
 }
 
 /// Address the dispatcher writes over a hooked return address.
