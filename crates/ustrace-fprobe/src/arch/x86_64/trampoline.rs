@@ -40,7 +40,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::regs::{PtRegs, PT_REGS_SIZE};
+use super::regs::PT_REGS_SIZE;
 
 macro_rules! save_regs {
     () => {
@@ -61,11 +61,14 @@ macro_rules! save_regs {
             "mov [rsp + 13*8], rsi\n",
             "mov [rsp + 14*8], rdi\n",
             "mov qword ptr [rsp + 15*8], -1\n",
-            "mov qword ptr [rsp + 17*8], 0\n",
-            "mov qword ptr [rsp + 18*8], 0\n",
-            "mov qword ptr [rsp + 20*8], 0\n",
+            // cs and flags (0, 0) in one 16-byte store, then sp and ss (0) in another:
+            // xmm8/xmm9 carry nothing at a function's entry (SysV passes arguments in
+            // xmm0-7 only), and the stores are what this path is bound by.
+            "xorps xmm8, xmm8\n",
+            "movups [rsp + 17*8], xmm8\n",
             "lea rax, [rsp + 296]\n",
-            "mov [rsp + 19*8], rax\n",
+            "movq xmm9, rax\n",
+            "movups [rsp + 19*8], xmm9\n",
             "movups [rsp + 168 + 0*16], xmm0\n",
             "movups [rsp + 168 + 1*16], xmm1\n",
             "movups [rsp + 168 + 2*16], xmm2\n",
@@ -212,27 +215,13 @@ std::arch::global_asm!(
     ".cfi_endproc",
     ".size ustrace_fprobe_return_trampoline, . - ustrace_fprobe_return_trampoline",
     ".popsection",
-    entry = sym dispatch_entry_shim,
-    exit = sym dispatch_exit_shim,
+    entry = sym crate::dispatch::entry_shim,
+    exit = sym crate::dispatch::exit_shim,
 );
 
 extern "C" {
     fn ustrace_fprobe_entry_trampoline();
     fn ustrace_fprobe_return_trampoline();
-}
-
-/// Called by the entry trampoline with the site pointer and the saved registers; true when
-/// it hooked the return.
-extern "C" fn dispatch_entry_shim(site: *const crate::dispatch::Site, regs: *mut PtRegs) -> bool {
-    // SAFETY: the trampoline passes the live Site of the stub it came from (sites are never
-    // freed) and a PtRegs frame on its own stack, exclusively ours for this call.
-    unsafe { crate::dispatch::on_entry(&*site, &mut *regs) }
-}
-
-/// Called by the return trampoline; rewrites the return slot and `regs.ip` to the real caller.
-extern "C" fn dispatch_exit_shim(regs: *mut PtRegs) {
-    // SAFETY: PtRegs frame on the trampoline's stack.
-    unsafe { crate::dispatch::on_exit(&mut *regs) }
 }
 
 /// Address the dispatcher writes over a hooked return address.
