@@ -653,6 +653,9 @@ fn stack_after(live: &Live, tid: i32) {
 const LEFT_GRAPH: u32 = 1;
 const LEFT_NOTRACE: u32 = 2;
 const SILENT: u32 = 4;
+/// `tracing_thresh` was set at the call: no entry record, and the exit is kept only when
+/// the call took at least that long (the kernel's threshold tracer, chosen per call here).
+const THRESHED: u32 = 8;
 
 /// What the graph tracer keeps per call, in the fprobe's entry data: `calltime`, the depth
 /// the call was entered at, and its flags.
@@ -752,8 +755,11 @@ fn graph_entry_gated(
         return EntryAction::SkipExit;
     }
     DEPTH.with(|d| d[slot].set(depth + 1));
+    if bits & gate::THRESH != 0 {
+        flags |= THRESHED;
+    }
     // With tracing_thresh only exits are kept, as the kernel's thresh entry handler.
-    let calltime = if flags & SILENT != 0 || bits & gate::THRESH != 0 {
+    let calltime = if flags & (SILENT | THRESHED) != 0 {
         live.now()
     } else {
         write_graph_entry(live, tid, ip, depth)
@@ -762,8 +768,8 @@ fn graph_entry_gated(
     EntryAction::Continue
 }
 
-/// The graph tracer's exit handler. The common case writes one record, whose timestamp is
-/// also the call's `rettime` (one clock read).
+/// The graph tracer's exit handler. The common case (the entry set no flag) writes one
+/// record, whose timestamp is also the call's `rettime` (one clock read).
 #[inline]
 fn graph_exit(live: &Live, ip: usize, data: &mut [u8]) {
     let Some(data) = data.first_chunk::<ENTRY_DATA>() else {
@@ -772,15 +778,17 @@ fn graph_exit(live: &Live, ip: usize, data: &mut [u8]) {
     let calltime = u64::from_ne_bytes(data[0..8].try_into().expect("8 bytes"));
     let depth = u32::from_ne_bytes(data[8..12].try_into().expect("4 bytes"));
     let flags = u32::from_ne_bytes(data[12..16].try_into().expect("4 bytes"));
-    let slot = live.graph_slot();
-    DEPTH.with(|d| d[slot].set(depth));
-    if flags != 0 && !leave_marks(slot, flags) {
+    DEPTH.with(|d| d[live.graph_slot()].set(depth));
+    if flags != 0 {
+        graph_exit_flagged(live, ip, depth, calltime, flags);
         return;
     }
-    if live.gate.load(Ordering::Relaxed) >> 32 & u64::from(gate::THRESH) != 0 {
-        graph_exit_thresh(live, ip, depth, calltime);
-        return;
-    }
+    write_graph_exit_now(live, ip, depth, calltime);
+}
+
+/// Writes a `funcgraph_exit` record whose time is the return's `rettime`.
+#[inline(always)]
+fn write_graph_exit_now(live: &Live, ip: usize, depth: u32, calltime: u64) {
     let tid = crate::thread::current_tid(&live.shared.record_cmd);
     let Some(mut slot) = live.shared.buffer.reserve(GRAPH_EXIT_LEN) else {
         return;
@@ -791,25 +799,26 @@ fn graph_exit(live: &Live, ip: usize, data: &mut [u8]) {
     slot.commit();
 }
 
-/// Clears the graph-set marks the call set at its entry; false when the call records
-/// nothing (`set_graph_notrace`).
+/// The graph tracer's exit of a call whose entry set flags: the graph-set marks it set are
+/// cleared; a `set_graph_notrace` call records nothing; under `tracing_thresh` the return
+/// time decides whether a record is written at all, so it is read before reserving.
 #[cold]
 #[inline(never)]
-fn leave_marks(slot: usize, flags: u32) -> bool {
+fn graph_exit_flagged(live: &Live, ip: usize, depth: u32, calltime: u64, flags: u32) {
+    let slot = live.graph_slot();
     if flags & LEFT_GRAPH != 0 {
         GRAPH_IN.with(|g| g[slot].set(0));
     }
     if flags & LEFT_NOTRACE != 0 {
         NOTRACE_IN.with(|n| n[slot].set(0));
     }
-    flags & SILENT == 0
-}
-
-/// The graph tracer's exit under `tracing_thresh`: the return time decides whether a
-/// record is written at all, so it is read before reserving.
-#[cold]
-#[inline(never)]
-fn graph_exit_thresh(live: &Live, ip: usize, depth: u32, calltime: u64) {
+    if flags & SILENT != 0 {
+        return;
+    }
+    if flags & THRESHED == 0 {
+        write_graph_exit_now(live, ip, depth, calltime);
+        return;
+    }
     let rettime = live.now();
     if rettime.wrapping_sub(calltime) < live.thresh_ns.load(Ordering::Relaxed) {
         return;
