@@ -5,16 +5,23 @@
 //! (`set_ftrace_filter`, every function when it is empty, minus `set_ftrace_notrace`); a
 //! change of those sets while the tracer runs registers the new fprobe before the old one is
 //! dropped. What the handlers check per call (`set_ftrace_pid`, `set_graph_function`,
-//! `set_graph_notrace`, `max_graph_depth`, `tracing_thresh`, the tracer's options) is read
-//! from atomics and an RCU-published `Knobs`, so the handlers take no lock, allocate
-//! nothing and make no system call.
+//! `set_graph_notrace`, `max_graph_depth`, `tracing_thresh`, the tracer's options) reaches
+//! them as one gate word (a bit per setting that is in force, and the depth limit) and an
+//! RCU-published `Knobs` read only when the word says so, so the handlers take no lock,
+//! allocate nothing and make no system call, and the common case is a straight line.
 //!
 //! ```text
-//!  function:        entry ─ pid? ─ reserve 24 B ─ ip, parent_ip ─ commit [─ kernel_stack]
-//!  function_graph:  entry ─ pid? graph filters? depth < max? ─ funcgraph_entry (depth d)
-//!                          per-call data: calltime, d, flags; thread depth = d + 1
-//!                   exit  ─ thread depth = d ─ rettime ─ ≥ tracing_thresh? ─ funcgraph_exit
+//!  function:        entry ─ gate: pid? ─ reserve 24 B ─ ip, parent_ip ─ commit [─ kernel_stack]
+//!  function_graph:  entry ─ gate: pid? graph filters? thresh? ─ depth < max? ─ thread depth = d + 1
+//!                          ─ funcgraph_entry (depth d), its timestamp is calltime
+//!                          per-call data: calltime, d, flags
+//!                   exit  ─ thread depth = d ─ flags? (graph marks, thresh: cold path)
+//!                          ─ funcgraph_exit, its timestamp is rettime
 //! ```
+//!
+//! One clock read per call and one per return: the records' own
+//! timestamps are the call and return times. Under `tracing_thresh` the entry writes no
+//! record and the exit reads the clock before deciding whether to write one.
 //!
 //! The depth is a per-thread counter per tracer, restored from the call's own data at each
 //! exit, so a frame left by `longjmp` or an exception (whose exit never runs; the fprobe
