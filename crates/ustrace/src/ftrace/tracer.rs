@@ -19,9 +19,9 @@
 //!                          ─ funcgraph_exit, its timestamp is rettime
 //! ```
 //!
-//! One clock read per call and one per return: the records' own
-//! timestamps are the call and return times. Under `tracing_thresh` the entry writes no
-//! record and the exit reads the clock before deciding whether to write one.
+//! One clock read per call and one per return: the records' own timestamps are the call and
+//! return times. Under `tracing_thresh` the entry writes no record and the exit reads the
+//! clock before deciding whether to write one.
 //!
 //! The depth is a per-thread counter per tracer, restored from the call's own data at each
 //! exit, so a frame left by `longjmp` or an exception (whose exit never runs; the fprobe
