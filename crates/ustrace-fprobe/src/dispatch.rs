@@ -197,6 +197,9 @@ struct ThreadState {
     /// Set by the dlopen hook's exit handler; acted on once the dispatcher is left.
     rescan_pending: bool,
     qslot: u32,
+    /// The counter of `qslot` while this thread owns one, else null (no slot claimed yet, or
+    /// the shared overflow counter): the hit path's one load to find its counter.
+    qcounter: *const AtomicU64,
     depth: usize,
     arena_top: usize,
     frames: [Frame; MAX_FRAMES],
@@ -217,6 +220,7 @@ thread_local! {
             busy: false,
             rescan_pending: false,
             qslot: QSLOT_NONE,
+            qcounter: std::ptr::null(),
             depth: 0,
             arena_top: 0,
             frames: [EMPTY_FRAME; MAX_FRAMES],
@@ -241,7 +245,10 @@ unsafe extern "C" fn release_slot_at_exit(value: *mut libc::c_void) {
         let ts = ts();
         // SAFETY: this thread's own state; TLS of the thread is still valid while pthread
         // key destructors run.
-        unsafe { (*ts).qslot = QSLOT_OVERFLOW };
+        unsafe {
+            (*ts).qslot = QSLOT_OVERFLOW;
+            (*ts).qcounter = std::ptr::null();
+        }
         QSLOTS[i].owner.store(0, Ordering::Release);
     }
 }
@@ -285,7 +292,10 @@ fn claim_slot(ts: *mut ThreadState) {
             };
             if stored {
                 // SAFETY: own thread state.
-                unsafe { (*ts).qslot = i as u32 };
+                unsafe {
+                    (*ts).qslot = i as u32;
+                    (*ts).qcounter = &s.counter;
+                }
                 return;
             }
             s.owner.store(0, Ordering::Release);
@@ -299,31 +309,50 @@ fn claim_slot(ts: *mut ThreadState) {
 #[inline(always)]
 unsafe fn q_enter(ts: *mut ThreadState) {
     // SAFETY: caller passes this thread's state.
-    let mut q = unsafe { (*ts).qslot };
-    if q == QSLOT_NONE {
-        claim_slot(ts);
+    let c = unsafe { (*ts).qcounter };
+    if c.is_null() {
         // SAFETY: as above.
-        q = unsafe { (*ts).qslot };
+        unsafe { q_enter_slow(ts) };
+        return;
     }
-    if (q as usize) < QSLOT_COUNT {
-        let c = &QSLOTS[q as usize].counter;
-        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        compiler_fence(Ordering::SeqCst);
-    } else {
-        OVERFLOW_INFLIGHT.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: a counter of QSLOTS (static), owned by this thread: only it writes it.
+    let c = unsafe { &*c };
+    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    compiler_fence(Ordering::SeqCst);
+}
+
+/// First hit of a thread (claims a slot), or a thread without one (overflow counter).
+#[cold]
+#[inline(never)]
+unsafe fn q_enter_slow(ts: *mut ThreadState) {
+    // SAFETY: caller passes this thread's state.
+    if unsafe { (*ts).qslot } == QSLOT_NONE {
+        claim_slot(ts);
+    }
+    // SAFETY: as above.
+    match unsafe { (*ts).qcounter.as_ref() } {
+        Some(c) => {
+            c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            compiler_fence(Ordering::SeqCst);
+        }
+        None => {
+            OVERFLOW_INFLIGHT.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 
 #[inline(always)]
 unsafe fn q_leave(ts: *mut ThreadState) {
-    // SAFETY: caller passes this thread's state.
-    let q = unsafe { (*ts).qslot };
-    if (q as usize) < QSLOT_COUNT {
-        compiler_fence(Ordering::SeqCst);
-        let c = &QSLOTS[q as usize].counter;
-        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
-    } else {
-        OVERFLOW_INFLIGHT.fetch_sub(1, Ordering::Release);
+    // SAFETY: caller passes this thread's state; `qcounter` only changes in q_enter (or in
+    // the thread's exit, never inside the dispatcher), so this is the counter q_enter used.
+    match unsafe { (*ts).qcounter.as_ref() } {
+        Some(c) => {
+            compiler_fence(Ordering::SeqCst);
+            c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
+        }
+        None => {
+            OVERFLOW_INFLIGHT.fetch_sub(1, Ordering::Release);
+        }
     }
 }
 
@@ -475,110 +504,254 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) -> bool {
     // hooks) may modify it while this function runs.
     unsafe {
         if (*ts).busy {
-            // Already inside the dispatcher: the list is protected by our odd counter.
-            if let Some(list) = site.probes.load(Ordering::Acquire).as_ref() {
-                for &p in list.probes.iter() {
-                    (*p).miss();
-                }
-            }
+            entry_recursed(site);
             return false;
         }
         (*ts).busy = true;
-        let mut hooked = false;
         q_enter(ts);
+        let mut hooked = false;
         if let Some(list) = site.probes.load(Ordering::Acquire).as_ref() {
             regs.ip = site.func as u64;
             let sp = regs.sp as usize;
             let ret_ip = *(sp as *const usize);
-            let tramp = arch::return_trampoline();
-            // A frame at this very slot was left for good (longjmp) when a new call wrote a
-            // real return address over its hook. If the slot still holds the trampoline, we
-            // were tail-called by the function hooked there: its frame is live and returns
-            // through ours.
-            pop_stale(ts, sp, ret_ip != tramp);
-            let caller_ip = if ret_ip == tramp {
-                real_return_of(ts, sp, (*ts).depth)
+            let d = (*ts).depth;
+            // The common cases, kept free of the general bookkeeping: no shadow frame is stale
+            // (none lies at or below this return slot, which is what `pop_stale` would look
+            // for) or shares the slot (a tail call from a hooked function finds the
+            // trampoline in it).
+            let plain = ret_ip != arch::return_trampoline()
+                && (d == 0 || (*ts).frames.get_unchecked(d - 1).sp > sp);
+            if plain && !list.has_exit {
+                if let [p] = &*list.probes {
+                    // One fprobe (the usual case): nothing but the thread state is needed
+                    // after its handler, so no register has to survive the call.
+                    call_entry_only(&**p, site.func, ret_ip, regs);
+                } else {
+                    entry_only_many(list, site.func, ret_ip, regs);
+                }
+            } else if let (true, [p]) = (plain, &*list.probes) {
+                hooked = entry_one_with_exit(ts, site, list, &**p, regs, sp, ret_ip);
             } else {
-                ret_ip
-            };
-            let hook = list.has_exit && !site.no_return_hook.load(Ordering::Relaxed);
-            let mut first_rec: Option<usize> = None;
-            for &p in list.probes.iter() {
-                let p = &*p;
-                if p.disabled.load(Ordering::Relaxed) {
-                    continue;
-                }
-                let mut rec = None;
-                if p.exit.is_some() {
-                    let words = words_for(p.entry_data_size);
-                    let top = (*ts).arena_top;
-                    let over_max = p.nr_maxactive > 0
-                        && p.active.fetch_add(1, Ordering::Relaxed) >= p.nr_maxactive;
-                    if over_max {
-                        p.active.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    if hook
-                        && !over_max
-                        && (*ts).depth < MAX_FRAMES
-                        && top + 2 + words <= ARENA_WORDS
-                    {
-                        (*ts).arena[top] = p.slot.load(Ordering::Relaxed) as u64
-                            | ((p.gen.load(Ordering::Relaxed) as u64) << 32);
-                        (*ts).arena[top + 1] = words as u64;
-                        (*ts).arena_top = top + 2 + words;
-                        first_rec.get_or_insert(top);
-                        rec = Some(top);
-                    } else {
-                        if p.nr_maxactive > 0 && !over_max {
-                            p.active.fetch_sub(1, Ordering::Relaxed);
-                        }
-                        p.miss();
-                    }
-                }
-                let data: &mut [u8] = match rec {
-                    Some(top) => std::slice::from_raw_parts_mut(
-                        (*ts).arena.as_mut_ptr().add(top + 2).cast::<u8>(),
-                        p.entry_data_size,
-                    ),
-                    None => &mut [],
-                };
-                let action = match &p.entry {
-                    Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        h(p, site.func, caller_ip, regs, data)
-                    }))
-                    .unwrap_or(EntryAction::Continue),
-                    None => EntryAction::Continue,
-                };
-                if action == EntryAction::SkipExit {
-                    if let Some(top) = rec {
-                        (*ts).arena_top = top;
-                        if first_rec == Some(top) {
-                            first_rec = None;
-                        }
-                        if p.nr_maxactive > 0 {
-                            p.active.fetch_sub(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            }
-            if let Some(start) = first_rec {
-                if (*ts).arena_top > start {
-                    let d = (*ts).depth;
-                    (*ts).frames[d] = Frame {
-                        ret: ret_ip,
-                        sp,
-                        entry_ip: site.func,
-                        arena_start: start,
-                        arena_end: (*ts).arena_top,
-                    };
-                    (*ts).depth = d + 1;
-                    *(sp as *mut usize) = tramp;
-                    hooked = true;
-                }
+                hooked = entry_general(ts, site, list, regs, sp, ret_ip);
             }
         }
         q_leave(ts);
         (*ts).busy = false;
+        hooked
+    }
+}
+
+/// Runs the entry handler of an fprobe without exit handler (its action has nothing to skip).
+#[inline(always)]
+fn call_entry_only(p: &Probe, entry_ip: usize, ret_ip: usize, regs: &PtRegs) {
+    if !p.disabled.load(Ordering::Relaxed) {
+        if let Some(h) = &p.entry {
+            // (`unwrap_or`, not `let _`: the latter leaves a call to the Result's drop glue on
+            // the hit path.)
+            let _action = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                h(p, entry_ip, ret_ip, regs, &mut [])
+            }))
+            .unwrap_or(EntryAction::Continue);
+        }
+    }
+}
+
+/// [`on_entry`] for a site with one fprobe, which has an exit handler, and a shadow stack with
+/// nothing stale: what `entry_general` does for that case, with the frame written before the
+/// entry handler runs (so that only the thread state and the depth live across the call) and
+/// published after it.
+///
+/// # Safety
+/// As `entry_general`; `depth` frames are all above `sp`, and the slot at `sp` holds `ret_ip`,
+/// a real return address.
+#[inline(never)]
+unsafe fn entry_one_with_exit(
+    ts: *mut ThreadState,
+    site: &Site,
+    list: &ProbeList,
+    p: &Probe,
+    regs: &mut PtRegs,
+    sp: usize,
+    ret_ip: usize,
+) -> bool {
+    // SAFETY: own thread state (see on_entry).
+    unsafe {
+        if p.disabled.load(Ordering::Relaxed) {
+            return false;
+        }
+        let words = words_for(p.entry_data_size);
+        let top = (*ts).arena_top;
+        let d = (*ts).depth;
+        if p.nr_maxactive > 0
+            || site.no_return_hook.load(Ordering::Relaxed)
+            || d >= MAX_FRAMES
+            || top + 2 + words > ARENA_WORDS
+        {
+            return entry_general(ts, site, list, regs, sp, ret_ip);
+        }
+        let end = top + 2 + words;
+        (*ts).arena[top] =
+            p.slot.load(Ordering::Relaxed) as u64 | ((p.gen.load(Ordering::Relaxed) as u64) << 32);
+        (*ts).arena[top + 1] = words as u64;
+        (*ts).arena_top = end;
+        // Not yet published: `depth` still excludes it and the slot keeps the real address,
+        // so a stack walk the handler starts sees the true stack.
+        (*ts).frames[d] = Frame {
+            ret: ret_ip,
+            sp,
+            entry_ip: site.func,
+            arena_start: top,
+            arena_end: end,
+        };
+        let action = match &p.entry {
+            Some(h) => {
+                let data = std::slice::from_raw_parts_mut(
+                    (*ts).arena.as_mut_ptr().add(top + 2).cast::<u8>(),
+                    p.entry_data_size,
+                );
+                std::panic::catch_unwind(AssertUnwindSafe(|| h(p, site.func, ret_ip, regs, data)))
+                    .unwrap_or(EntryAction::Continue)
+            }
+            None => EntryAction::Continue,
+        };
+        let f = (*ts).frames.get_unchecked(d);
+        if action == EntryAction::SkipExit {
+            (*ts).arena_top = f.arena_start;
+            return false;
+        }
+        // A handler that detached this thread's frames (the unwinder hooks) emptied the
+        // arena: then there is nothing left to hook, as in `entry_general`.
+        if (*ts).arena_top != f.arena_end || (*ts).depth != d {
+            return false;
+        }
+        (*ts).depth = d + 1;
+        *(f.sp as *mut usize) = arch::return_trampoline();
+        true
+    }
+}
+
+/// The entry handlers of a list of several fprobes none of which has an exit handler.
+#[inline(never)]
+fn entry_only_many(list: &ProbeList, entry_ip: usize, ret_ip: usize, regs: &PtRegs) {
+    for &p in list.probes.iter() {
+        // SAFETY: probes of a published list stay allocated while we are inside.
+        call_entry_only(unsafe { &*p }, entry_ip, ret_ip, regs);
+    }
+}
+
+/// A probe hit while this thread already runs a handler: no handler runs, every fprobe of the
+/// site counts a miss. The list is protected by the odd counter of the outer hit.
+#[cold]
+#[inline(never)]
+fn entry_recursed(site: &Site) {
+    // SAFETY: inside the dispatcher (busy), so the list outlives this call.
+    if let Some(list) = unsafe { site.probes.load(Ordering::Acquire).as_ref() } {
+        for &p in list.probes.iter() {
+            // SAFETY: probes of a published list stay allocated while we are inside.
+            unsafe { (*p).miss() };
+        }
+    }
+}
+
+/// [`on_entry`] for a site whose fprobes hook the return, or whose shadow stack needs
+/// attention; `regs.ip` is set, `ret_ip` is the value in the return slot at `sp`.
+///
+/// # Safety
+/// Called by `on_entry` only, inside the dispatcher (busy, counter odd).
+#[inline(never)]
+unsafe fn entry_general(
+    ts: *mut ThreadState,
+    site: &Site,
+    list: &ProbeList,
+    regs: &mut PtRegs,
+    sp: usize,
+    ret_ip: usize,
+) -> bool {
+    // SAFETY: own thread state (see on_entry); probes of a published list stay allocated.
+    unsafe {
+        let mut hooked = false;
+        let tramp = arch::return_trampoline();
+        // A frame at this very slot was left for good (longjmp) when a new call wrote a
+        // real return address over its hook. If the slot still holds the trampoline, we
+        // were tail-called by the function hooked there: its frame is live and returns
+        // through ours.
+        pop_stale(ts, sp, ret_ip != tramp);
+        let caller_ip = if ret_ip == tramp {
+            real_return_of(ts, sp, (*ts).depth)
+        } else {
+            ret_ip
+        };
+        let hook = list.has_exit && !site.no_return_hook.load(Ordering::Relaxed);
+        let mut first_rec: Option<usize> = None;
+        for &p in list.probes.iter() {
+            let p = &*p;
+            if p.disabled.load(Ordering::Relaxed) {
+                continue;
+            }
+            let mut rec = None;
+            if p.exit.is_some() {
+                let words = words_for(p.entry_data_size);
+                let top = (*ts).arena_top;
+                let over_max = p.nr_maxactive > 0
+                    && p.active.fetch_add(1, Ordering::Relaxed) >= p.nr_maxactive;
+                if over_max {
+                    p.active.fetch_sub(1, Ordering::Relaxed);
+                }
+                if hook && !over_max && (*ts).depth < MAX_FRAMES && top + 2 + words <= ARENA_WORDS {
+                    (*ts).arena[top] = p.slot.load(Ordering::Relaxed) as u64
+                        | ((p.gen.load(Ordering::Relaxed) as u64) << 32);
+                    (*ts).arena[top + 1] = words as u64;
+                    (*ts).arena_top = top + 2 + words;
+                    first_rec.get_or_insert(top);
+                    rec = Some(top);
+                } else {
+                    if p.nr_maxactive > 0 && !over_max {
+                        p.active.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    p.miss();
+                }
+            }
+            let data: &mut [u8] = match rec {
+                Some(top) => std::slice::from_raw_parts_mut(
+                    (*ts).arena.as_mut_ptr().add(top + 2).cast::<u8>(),
+                    p.entry_data_size,
+                ),
+                None => &mut [],
+            };
+            let action = match &p.entry {
+                Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    h(p, site.func, caller_ip, regs, data)
+                }))
+                .unwrap_or(EntryAction::Continue),
+                None => EntryAction::Continue,
+            };
+            if action == EntryAction::SkipExit {
+                if let Some(top) = rec {
+                    (*ts).arena_top = top;
+                    if first_rec == Some(top) {
+                        first_rec = None;
+                    }
+                    if p.nr_maxactive > 0 {
+                        p.active.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        if let Some(start) = first_rec {
+            if (*ts).arena_top > start {
+                let d = (*ts).depth;
+                (*ts).frames[d] = Frame {
+                    ret: ret_ip,
+                    sp,
+                    entry_ip: site.func,
+                    arena_start: start,
+                    arena_end: (*ts).arena_top,
+                };
+                (*ts).depth = d + 1;
+                *(sp as *mut usize) = tramp;
+                hooked = true;
+            }
+        }
         hooked
     }
 }
@@ -600,6 +773,90 @@ fn fatal(msg: &str) -> ! {
 #[inline(always)]
 pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
     let ts = ts();
+    let slot = regs.sp as usize;
+    // SAFETY: own thread state; see on_entry. Records lie inside the arena, frames below
+    // `depth` inside `frames`.
+    unsafe {
+        let d = (*ts).depth;
+        // The common case: not inside a handler, the top frame is this slot's (nothing stale
+        // to pop), it returns to a real caller (not into an outer hook, as a tail call does)
+        // and holds one record.
+        if !(*ts).busy && d > 0 {
+            let f = (*ts).frames.get_unchecked(d - 1);
+            let (f_ret, f_start) = (f.ret, f.arena_start);
+            if f.sp == slot
+                && f_ret != arch::return_trampoline()
+                && f_start + 2 + *(*ts).arena.get_unchecked(f_start + 1) as usize == f.arena_end
+            {
+                (*ts).busy = true;
+                q_enter(ts);
+                *(slot as *mut usize) = f_ret;
+                regs.ip = f_ret as u64;
+                exit_one(ts, f_start, f.entry_ip, f_ret, regs);
+                (*ts).depth = d - 1;
+                (*ts).arena_top = f_start;
+                q_leave(ts);
+                (*ts).busy = false;
+                if (*ts).rescan_pending {
+                    rescan_now(ts);
+                }
+                return;
+            }
+        }
+        exit_general(ts, regs);
+    }
+}
+
+/// Runs the exit handler of the record at `w` (if its fprobe is still there and enabled).
+///
+/// # Safety
+/// Inside the dispatcher, not busy before it; `w` indexes a record written by `on_entry`.
+#[inline(always)]
+unsafe fn exit_one(
+    ts: *mut ThreadState,
+    w: usize,
+    entry_ip: usize,
+    caller_ip: usize,
+    regs: &PtRegs,
+) {
+    // SAFETY: as the function's contract says.
+    unsafe {
+        if let Some(p) = probe_of_record(*(*ts).arena.get_unchecked(w)) {
+            if !p.disabled.load(Ordering::Relaxed) {
+                if let Some(h) = &p.exit {
+                    let data = std::slice::from_raw_parts_mut(
+                        (*ts).arena.as_mut_ptr().add(w + 2).cast::<u8>(),
+                        p.entry_data_size,
+                    );
+                    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        h(p, entry_ip, caller_ip, regs, data)
+                    }));
+                }
+            }
+            if p.nr_maxactive > 0 {
+                p.active.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Rescans the filters a dlopen asked for, once the dispatcher is left.
+#[cold]
+#[inline(never)]
+fn rescan_now(ts: *mut ThreadState) {
+    // SAFETY: own thread state.
+    unsafe { (*ts).rescan_pending = false };
+    // Outside the dispatcher: an ordinary call made on the way back to the caller.
+    crate::fprobe::rescan_filters();
+}
+
+/// [`on_exit`] in general: stale frames, tail calls, several records, or a return while a
+/// handler runs (whose exit handlers are skipped and count misses).
+///
+/// # Safety
+/// As `on_exit`.
+#[inline(never)]
+unsafe fn exit_general(ts: *mut ThreadState, regs: &mut PtRegs) {
     let slot = regs.sp as usize;
     // SAFETY: own thread state; see on_entry.
     unsafe {
@@ -655,9 +912,7 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
             q_leave(ts);
             (*ts).busy = false;
             if (*ts).rescan_pending {
-                (*ts).rescan_pending = false;
-                // Outside the dispatcher: an ordinary call made on the way back to the caller.
-                crate::fprobe::rescan_filters();
+                rescan_now(ts);
             }
         }
     }

@@ -223,6 +223,43 @@ fn longjmp_past_probed_frames() {
     }
 }
 
+/// The entry-only hit path skips the shadow-stack bookkeeping only when no frame is stale: a
+/// hit whose return slot lies above frames a longjmp abandoned must still drop them.
+#[test]
+fn entry_only_hit_after_longjmp_drops_abandoned_frames() {
+    let _g = serial();
+    let Some(lib) = common::c_lib() else { return };
+    // SAFETY: signature matches tests/c/probed.c.
+    let driver: extern "C" fn(u64) -> u64 =
+        unsafe { std::mem::transmute(lib.sym("c_longjmp_driver")) };
+    let (b, counts) = counting_builder();
+    let deep = b.register_syms(&["c_jump_deep"]).unwrap();
+    let adds = Arc::new(AtomicU64::new(0));
+    let a = adds.clone();
+    let add = Fprobe::builder()
+        .entry_handler(move |_, _, _, _, _| {
+            a.fetch_add(1, Ordering::Relaxed);
+            EntryAction::Continue
+        })
+        .register_syms(&["c_add"])
+        .unwrap();
+    for round in 1..=3 {
+        // c_jump_deep recurses 6 deep and longjmps back; then the driver calls c_add, whose
+        // entry is the thread's next probe event.
+        assert_eq!(driver(5), 7000 + 6);
+        assert_eq!(ustrace_fprobe::outstanding_frames(), 0);
+        assert_eq!(counts.get(), (6 * round, 0));
+        assert_eq!(
+            deep.nmissed(),
+            6 * round,
+            "abandoned frames count as missed"
+        );
+        assert_eq!(adds.load(Ordering::Relaxed), round);
+    }
+    drop(add);
+    drop(deep);
+}
+
 #[test]
 fn thread_exit_with_probed_frames_outstanding() {
     let _g = serial();

@@ -235,8 +235,12 @@ impl ProbeDefinition {
         let fixed: usize = self.args.iter().map(ArgDef::fixed_size).sum();
         let direct: Option<Vec<DirectArg>> =
             self.args.iter().map(|a| DirectArg::of(a, header)).collect();
-        // Direct stores must tile the fixed area (then nothing needs zeroing).
-        let direct = direct.filter(|d| d.iter().map(|a| a.size).sum::<usize>() == fixed);
+        // Direct stores must tile the fixed area (then nothing needs zeroing), and each must
+        // lie inside it: `run` stores them without a bounds check of its own.
+        let direct = direct.filter(|d| {
+            d.iter().map(|a| a.size).sum::<usize>() == fixed
+                && d.iter().all(|a| a.at + a.size <= header + fixed)
+        });
         Program {
             kind: self.kind,
             header,
@@ -456,7 +460,24 @@ impl Program {
             for d in direct.iter() {
                 // A register that does not exist reads as 0, as the
                 // interpreter leaves an unfetched field.
-                le_store(&mut out[d.at..d.at + d.size], d.value(ctx).unwrap_or(0));
+                let v = match d.src {
+                    // The usual `$argN`, first: no detour through the general match.
+                    DirectSrc::Arg(n) => ctx.arg(n),
+                    _ => d.value(ctx).unwrap_or(0),
+                };
+                if d.size == 8 {
+                    // SAFETY: `compile` kept the direct path only when every store lies
+                    // inside the fixed area (`at + size <= fixed_end`), and `out` holds
+                    // the fixed area (checked above).
+                    unsafe {
+                        out.as_mut_ptr()
+                            .add(d.at)
+                            .cast::<u64>()
+                            .write_unaligned(v.to_le())
+                    };
+                } else {
+                    le_store(&mut out[d.at..d.at + d.size], v);
+                }
             }
             return fixed_end;
         }
