@@ -23,8 +23,9 @@
 //!                                               changes; then free old lists / probes
 //! ```
 //!
-//! The reader side costs two plain stores. Threads beyond `QSLOTS` (or running TLS
-//! destructors) fall back to one shared atomic in-flight counter.
+//! The reader side costs two plain stores, and the counter's parity doubles as the thread's
+//! "inside the dispatcher" flag (recursion below). Threads beyond `QSLOTS` (or running TLS
+//! destructors) fall back to one shared atomic in-flight counter and a flag of their own.
 //!
 //! # Shadow stack (return hooking)
 //!
@@ -193,6 +194,8 @@ struct Frame {
 }
 
 struct ThreadState {
+    /// Inside the dispatcher, for a thread without a quiescence slot (one with a slot is
+    /// inside while its counter is odd; see `enter`).
     busy: bool,
     /// Set by the dlopen hook's exit handler; acted on once the dispatcher is left.
     rescan_pending: bool,
@@ -306,45 +309,56 @@ fn claim_slot(ts: *mut ThreadState) {
     unsafe { (*ts).qslot = QSLOT_OVERFLOW };
 }
 
+/// Enters the dispatcher: false (and nothing changes) when this thread is inside it already.
+///
+/// A thread with a quiescence slot is inside exactly while its counter is odd, so the counter
+/// is also the recursion flag: entering is one load, one test and one plain store. Threads
+/// without a slot use `busy` and the shared overflow counter.
 #[inline(always)]
-unsafe fn q_enter(ts: *mut ThreadState) {
+unsafe fn enter(ts: *mut ThreadState) -> bool {
     // SAFETY: caller passes this thread's state.
     let c = unsafe { (*ts).qcounter };
     if c.is_null() {
         // SAFETY: as above.
-        unsafe { q_enter_slow(ts) };
-        return;
+        return unsafe { enter_slow(ts) };
     }
     // SAFETY: a counter of QSLOTS (static), owned by this thread: only it writes it.
     let c = unsafe { &*c };
-    c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    let v = c.load(Ordering::Relaxed);
+    if v & 1 != 0 {
+        return false;
+    }
+    c.store(v + 1, Ordering::Relaxed);
     compiler_fence(Ordering::SeqCst);
+    true
 }
 
 /// First hit of a thread (claims a slot), or a thread without one (overflow counter).
 #[cold]
 #[inline(never)]
-unsafe fn q_enter_slow(ts: *mut ThreadState) {
+unsafe fn enter_slow(ts: *mut ThreadState) -> bool {
     // SAFETY: caller passes this thread's state.
-    if unsafe { (*ts).qslot } == QSLOT_NONE {
-        claim_slot(ts);
-    }
-    // SAFETY: as above.
-    match unsafe { (*ts).qcounter.as_ref() } {
-        Some(c) => {
-            c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-            compiler_fence(Ordering::SeqCst);
+    unsafe {
+        if (*ts).qslot == QSLOT_NONE {
+            claim_slot(ts);
+            if !(*ts).qcounter.is_null() {
+                return enter(ts);
+            }
         }
-        None => {
-            OVERFLOW_INFLIGHT.fetch_add(1, Ordering::SeqCst);
+        if (*ts).busy {
+            return false;
         }
+        (*ts).busy = true;
     }
+    OVERFLOW_INFLIGHT.fetch_add(1, Ordering::SeqCst);
+    true
 }
 
+/// Leaves the dispatcher after an [`enter`] that returned true.
 #[inline(always)]
-unsafe fn q_leave(ts: *mut ThreadState) {
-    // SAFETY: caller passes this thread's state; `qcounter` only changes in q_enter (or in
-    // the thread's exit, never inside the dispatcher), so this is the counter q_enter used.
+unsafe fn leave(ts: *mut ThreadState) {
+    // SAFETY: caller passes this thread's state; `qcounter` only changes in `enter` (or in
+    // the thread's exit, never inside the dispatcher), so this is the counter enter used.
     match unsafe { (*ts).qcounter.as_ref() } {
         Some(c) => {
             compiler_fence(Ordering::SeqCst);
@@ -352,14 +366,26 @@ unsafe fn q_leave(ts: *mut ThreadState) {
         }
         None => {
             OVERFLOW_INFLIGHT.fetch_sub(1, Ordering::Release);
+            // SAFETY: as above.
+            unsafe { (*ts).busy = false };
+        }
+    }
+}
+
+/// True while the calling thread is inside the dispatcher (runs a handler).
+fn is_busy(ts: *mut ThreadState) -> bool {
+    // SAFETY: this thread's own state and slot counter.
+    unsafe {
+        match (*ts).qcounter.as_ref() {
+            Some(c) => c.load(Ordering::Relaxed) & 1 != 0,
+            None => (*ts).busy,
         }
     }
 }
 
 /// True while the calling thread runs a handler.
 pub(crate) fn in_handler() -> bool {
-    // SAFETY: reading a flag of this thread's own state.
-    unsafe { (*ts()).busy }
+    is_busy(ts())
 }
 
 /// Waits until every thread that might have observed state published before this call has
@@ -413,7 +439,7 @@ pub(crate) fn after_fork_in_child() {
         }
     }
     // SAFETY: as above.
-    let inflight = unsafe { (*ts).busy && (*ts).qslot == QSLOT_OVERFLOW };
+    let inflight = unsafe { (*ts).busy && (*ts).qcounter.is_null() };
     OVERFLOW_INFLIGHT.store(inflight as u64, Ordering::Release);
 }
 
@@ -503,12 +529,10 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) -> bool {
     // SAFETY: own thread state, accessed through a raw pointer because handlers (the unwinder
     // hooks) may modify it while this function runs.
     unsafe {
-        if (*ts).busy {
+        if !enter(ts) {
             entry_recursed(site);
             return false;
         }
-        (*ts).busy = true;
-        q_enter(ts);
         let mut hooked = false;
         if let Some(list) = site.probes.load(Ordering::Acquire).as_ref() {
             regs.ip = site.func as u64;
@@ -535,8 +559,7 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) -> bool {
                 hooked = entry_general(ts, site, list, regs, sp, ret_ip);
             }
         }
-        q_leave(ts);
-        (*ts).busy = false;
+        leave(ts);
         hooked
     }
 }
@@ -777,33 +800,37 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
     // SAFETY: own thread state; see on_entry. Records lie inside the arena, frames below
     // `depth` inside `frames`.
     unsafe {
+        // Entered first, so that nothing loaded below has to survive a call into `enter`'s
+        // slow path.
+        let entered = enter(ts);
         let d = (*ts).depth;
         // The common case: not inside a handler, the top frame is this slot's (nothing stale
         // to pop), it returns to a real caller (not into an outer hook, as a tail call does)
         // and holds one record.
-        if !(*ts).busy && d > 0 {
+        if entered && d > 0 {
             let f = (*ts).frames.get_unchecked(d - 1);
             let (f_ret, f_start) = (f.ret, f.arena_start);
             if f.sp == slot
                 && f_ret != arch::return_trampoline()
                 && f_start + 2 + *(*ts).arena.get_unchecked(f_start + 1) as usize == f.arena_end
             {
-                (*ts).busy = true;
-                q_enter(ts);
                 *(slot as *mut usize) = f_ret;
                 regs.ip = f_ret as u64;
                 exit_one(ts, f_start, f.entry_ip, f_ret, regs);
+                // Read again rather than kept across the call: no handler can change the
+                // shadow stack (every probe hit inside one finds the thread busy), and so
+                // only the thread state has to survive the call.
+                let d = (*ts).depth;
+                (*ts).arena_top = (*ts).frames.get_unchecked(d - 1).arena_start;
                 (*ts).depth = d - 1;
-                (*ts).arena_top = f_start;
-                q_leave(ts);
-                (*ts).busy = false;
+                leave(ts);
                 if (*ts).rescan_pending {
                     rescan_now(ts);
                 }
                 return;
             }
         }
-        exit_general(ts, regs);
+        exit_general(ts, regs, entered);
     }
 }
 
@@ -811,7 +838,7 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
 ///
 /// # Safety
 /// Inside the dispatcher, not busy before it; `w` indexes a record written by `on_entry`.
-#[inline(always)]
+#[inline(never)]
 unsafe fn exit_one(
     ts: *mut ThreadState,
     w: usize,
@@ -854,17 +881,13 @@ fn rescan_now(ts: *mut ThreadState) {
 /// handler runs (whose exit handlers are skipped and count misses).
 ///
 /// # Safety
-/// As `on_exit`.
+/// As `on_exit`, which has called `enter` already (`entered` is what it returned).
 #[inline(never)]
-unsafe fn exit_general(ts: *mut ThreadState, regs: &mut PtRegs) {
+unsafe fn exit_general(ts: *mut ThreadState, regs: &mut PtRegs, entered: bool) {
     let slot = regs.sp as usize;
     // SAFETY: own thread state; see on_entry.
     unsafe {
-        let was_busy = (*ts).busy;
-        if !was_busy {
-            (*ts).busy = true;
-            q_enter(ts);
-        }
+        let was_busy = !entered;
         pop_stale(ts, slot, false);
         let d = (*ts).depth;
         if d == 0 || (*ts).frames[d - 1].sp != slot {
@@ -909,8 +932,7 @@ unsafe fn exit_general(ts: *mut ThreadState, regs: &mut PtRegs) {
         (*ts).depth = d - 1;
         (*ts).arena_top = f_start;
         if !was_busy {
-            q_leave(ts);
-            (*ts).busy = false;
+            leave(ts);
             if (*ts).rescan_pending {
                 rescan_now(ts);
             }

@@ -61,11 +61,14 @@ macro_rules! save_regs {
             "mov [rsp + 13*8], rsi\n",
             "mov [rsp + 14*8], rdi\n",
             "mov qword ptr [rsp + 15*8], -1\n",
-            "mov qword ptr [rsp + 17*8], 0\n",
-            "mov qword ptr [rsp + 18*8], 0\n",
-            "mov qword ptr [rsp + 20*8], 0\n",
+            // cs and flags (0, 0) in one 16-byte store, then sp and ss (0) in another:
+            // xmm8/xmm9 carry nothing at a function's entry (SysV passes arguments in
+            // xmm0-7 only), and the stores are what this path is bound by.
+            "xorps xmm8, xmm8\n",
+            "movups [rsp + 17*8], xmm8\n",
             "lea rax, [rsp + 296]\n",
-            "mov [rsp + 19*8], rax\n",
+            "movq xmm9, rax\n",
+            "movups [rsp + 19*8], xmm9\n",
             "movups [rsp + 168 + 0*16], xmm0\n",
             "movups [rsp + 168 + 1*16], xmm1\n",
             "movups [rsp + 168 + 2*16], xmm2\n",
