@@ -1464,6 +1464,15 @@ impl Reservation<'_> {
         this.buf.after_commit();
     }
 
+    /// The event's time, as readers will see it (in the buffer clock's
+    /// units): a writer that needs the time of the event it writes (the
+    /// graph tracer's call and return times) takes it from here rather than
+    /// reading the clock a second time.
+    #[inline(always)]
+    pub fn timestamp(&self) -> u64 {
+        self.raw.ts
+    }
+
     /// Withdraws the event: readers never see it and it counts as nothing.
     pub fn discard(self) {
         // Drop discards.

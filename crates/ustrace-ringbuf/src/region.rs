@@ -258,13 +258,17 @@ enum StateStore {
 /// `total:12 | 1 | extend:1 | entered:1`. The low 13 bits of that are, as
 /// they stand, what a commit adds to the commit word (`total` bytes, one
 /// entry; see `WORD_BYTES_BITS`). Everything else a discard needs is in
-/// the slot itself.
+/// the slot itself. A fifth word, the event's time, is only kept by the
+/// writers that ask for it (`Reservation::timestamp`); elsewhere it folds
+/// away.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawReservation {
     pub(crate) payload: *mut u8,
     word: *mut u64,
     area: *mut u8,
     meta: u32,
+    /// The event's absolute time, as readers will see it.
+    pub(crate) ts: u64,
 }
 
 const META_EXTEND: u32 = 1 << (WORD_BYTES_BITS + 1);
@@ -282,6 +286,7 @@ impl RawReservation {
         total: usize,
         extend: bool,
         entered: bool,
+        ts: u64,
     ) -> Self {
         debug_assert!(total < 1 << WORD_BYTES_BITS);
         RawReservation {
@@ -292,6 +297,7 @@ impl RawReservation {
                 | 1 << WORD_BYTES_BITS
                 | if extend { META_EXTEND } else { 0 }
                 | if entered { META_ENTERED } else { 0 },
+            ts,
         }
     }
 
@@ -883,6 +889,7 @@ impl Region {
             size as usize,
             false,
             false,
+            ts,
         ))
     }
 
@@ -992,6 +999,7 @@ impl Region {
                         total as usize,
                         extend,
                         enter.is_some(),
+                        ts,
                     ));
                 }
             }

@@ -461,3 +461,34 @@ fn an_event_too_big_for_a_page_is_counted_as_dropped_and_recording_off_is_not() 
     let e = rb.consume(0).expect("the largest event");
     assert_eq!(e.data.len(), MAX_PAYLOAD);
 }
+
+/// `Reservation::timestamp` is the time readers see on that event, on
+/// every path a reservation takes: the first event of a page, events inside
+/// it (the owner's fast path where it runs), a time extend after a long
+/// gap, and another clock (the slow path).
+#[test]
+fn a_reservation_knows_the_time_its_event_carries() {
+    let rb = buf("stamped", 4, true);
+    let write = |rb: &RingBuffer, n: u32, gap_after: Option<u32>| -> Vec<u64> {
+        let mut stamps = Vec::new();
+        for i in 0..n {
+            let mut r = rb.reserve(24).expect("reserve");
+            r[..4].copy_from_slice(&i.to_le_bytes());
+            stamps.push(r.timestamp());
+            r.commit();
+            if gap_after == Some(i) {
+                std::thread::sleep(Duration::from_millis(150)); // > 2^27 ns
+            }
+        }
+        stamps
+    };
+    // 300 events of 32 bytes cross two page boundaries.
+    let stamps = write(&rb, 300, Some(200));
+    let seen: Vec<u64> = rb.iter().map(|e| e.ts).collect();
+    assert_eq!(seen, stamps);
+    assert!(stamps[201] - stamps[200] >= 140_000_000);
+    rb.set_clock(Clock::Counter);
+    let stamps = write(&rb, 9, None);
+    let seen: Vec<u64> = rb.iter().map(|e| e.ts).collect();
+    assert_eq!(seen, stamps);
+}

@@ -274,6 +274,53 @@ fn function_tracer_lines_name_the_caller() {
     fs.rmdir(&dir).unwrap();
 }
 
+/// `func_stack_trace` adds a stack after each `function` record, and only while it is on
+/// (the handler learns it from the same word as its other settings).
+#[test]
+fn func_stack_trace_follows_its_option_while_the_tracer_runs() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_stack");
+    fs.write_file(&format!("{dir}/set_ftrace_filter"), "ct_mid\n")
+        .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function")
+        .unwrap();
+    (lib.top)(1);
+    fs.write_file(&format!("{dir}/options/func_stack_trace"), "1")
+        .unwrap();
+    (lib.top)(1);
+    fs.write_file(&format!("{dir}/options/func_stack_trace"), "0")
+        .unwrap();
+    (lib.top)(1);
+    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    let lines = body(&trace);
+    let calls: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].ends_with("ct_mid <-ct_top"))
+        .collect();
+    assert_eq!(calls.len(), 3, "{trace}");
+    let stack_after = |i: usize| {
+        lines
+            .get(i + 1)
+            .is_some_and(|l| l.contains("<stack trace>"))
+    };
+    assert!(!stack_after(calls[0]), "{trace}");
+    assert!(stack_after(calls[1]), "{trace}");
+    assert!(!stack_after(calls[2]), "{trace}");
+    assert!(
+        lines[calls[1] + 1..calls[2]]
+            .iter()
+            .any(|l| l.starts_with(" => ct_top")),
+        "{trace}"
+    );
+    fs.rmdir(&dir).unwrap();
+}
+
 #[test]
 fn pid_filters_select_exactly_the_threads_they_name() {
     let Some(lib) = lib() else {
@@ -639,6 +686,66 @@ fn trace_pipe_prints_the_graph_record_by_record() {
         ],
         "{lines:?}"
     );
+    fs.rmdir(&dir).unwrap();
+}
+
+/// One clock read per instant, as the kernel's graph tracer has one per call and one per
+/// return: a `funcgraph_exit`'s `calltime` is the time of its `funcgraph_entry` record, and
+/// its `rettime` its own record's time, so durations and record times never disagree.
+#[test]
+fn graph_call_and_return_times_are_their_records_times() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dir = instance("fn_graph_times");
+    fs.write_file(
+        &format!("{dir}/set_ftrace_filter"),
+        "ct_*:mod:libcalltree\n",
+    )
+    .unwrap();
+    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+        .unwrap();
+    (lib.top)(3);
+    let inst = ustrace::trace::tracing()
+        .instance("fn_graph_times")
+        .expect("instance");
+    let events: Vec<_> = inst.buffer().iter().collect();
+    fs.write_file(&format!("{dir}/current_tracer"), "nop")
+        .unwrap();
+    let u64_at = |d: &[u8], at: usize| u64::from_ne_bytes(d[at..at + 8].try_into().unwrap());
+    let u32_at = |d: &[u8], at: usize| u32::from_ne_bytes(d[at..at + 4].try_into().unwrap());
+    let id = |d: &[u8]| u16::from_ne_bytes([d[0], d[1]]);
+    // (tid, func, depth, time) of every funcgraph_entry (id 11).
+    let entries: Vec<(u32, u64, u32, u64)> = events
+        .iter()
+        .filter(|e| id(&e.data) == 11)
+        .map(|e| {
+            (
+                u32_at(&e.data, 4),
+                u64_at(&e.data, 8),
+                u32_at(&e.data, 16),
+                e.ts,
+            )
+        })
+        .collect();
+    let mut exits = 0;
+    for e in events.iter().filter(|e| id(&e.data) == 10) {
+        let d = &e.data;
+        let (tid, func, depth) = (u32_at(d, 4), u64_at(d, 8), u32_at(d, 16));
+        let (calltime, rettime) = (u64_at(d, 24), u64_at(d, 32));
+        assert_eq!(rettime, e.ts, "rettime is the exit record's time");
+        assert!(
+            entries.contains(&(tid, func, depth, calltime)),
+            "calltime {calltime} of {func:#x} (depth {depth}) is no entry record's time: \
+             {entries:?}"
+        );
+        exits += 1;
+    }
+    // ct_top(3): top, mid, leaf, other_leaf, leaf, rec x3, leaf.
+    assert_eq!((entries.len(), exits), (9, 9), "{events:?}");
     fs.rmdir(&dir).unwrap();
 }
 

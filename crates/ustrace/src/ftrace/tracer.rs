@@ -5,16 +5,23 @@
 //! (`set_ftrace_filter`, every function when it is empty, minus `set_ftrace_notrace`); a
 //! change of those sets while the tracer runs registers the new fprobe before the old one is
 //! dropped. What the handlers check per call (`set_ftrace_pid`, `set_graph_function`,
-//! `set_graph_notrace`, `max_graph_depth`, `tracing_thresh`, the tracer's options) is read
-//! from atomics and an RCU-published `Knobs`, so the handlers take no lock, allocate
-//! nothing and make no system call.
+//! `set_graph_notrace`, `max_graph_depth`, `tracing_thresh`, the tracer's options) reaches
+//! them as one gate word (a bit per setting that is in force, and the depth limit) and an
+//! RCU-published `Knobs` read only when the word says so, so the handlers take no lock,
+//! allocate nothing and make no system call, and the common case is a straight line.
 //!
 //! ```text
-//!  function:        entry ─ pid? ─ reserve 24 B ─ ip, parent_ip ─ commit [─ kernel_stack]
-//!  function_graph:  entry ─ pid? graph filters? depth < max? ─ funcgraph_entry (depth d)
-//!                          per-call data: calltime, d, flags; thread depth = d + 1
-//!                   exit  ─ thread depth = d ─ rettime ─ ≥ tracing_thresh? ─ funcgraph_exit
+//!  function:        entry ─ gate: pid? ─ reserve 24 B ─ ip, parent_ip ─ commit [─ kernel_stack]
+//!  function_graph:  entry ─ gate: pid? graph filters? thresh? ─ depth < max? ─ thread depth = d + 1
+//!                          ─ funcgraph_entry (depth d), its timestamp is calltime
+//!                          per-call data: calltime, d, flags
+//!                   exit  ─ thread depth = d ─ flags? (graph marks, thresh: cold path)
+//!                          ─ funcgraph_exit, its timestamp is rettime
 //! ```
+//!
+//! One clock read per call and one per return: the records' own timestamps are the call and
+//! return times. Under `tracing_thresh` the entry writes no record and the exit reads the
+//! clock before deciding whether to write one.
 //!
 //! The depth is a per-thread counter per tracer, restored from the call's own data at each
 //! exit, so a frame left by `longjmp` or an exception (whose exit never runs; the fprobe
@@ -23,7 +30,7 @@
 //! missed, as the kernel counts recursion.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ustrace_ctl::vfs::Errno;
@@ -105,18 +112,50 @@ pub(crate) mod opt {
     pub const STACK: u32 = 1;
 }
 
+/// Bits of the high half of [`Live::gate`]: each sends a call off the handlers' straight
+/// line, into the path that looks it up.
+mod gate {
+    /// `set_ftrace_pid`/`set_ftrace_notrace_pid` has threads.
+    pub const PIDS: u32 = 1;
+    /// `set_graph_function`/`set_graph_notrace` has functions.
+    pub const GRAPH: u32 = 2;
+    /// `tracing_thresh` is set (only exits are recorded, and only long ones).
+    pub const THRESH: u32 = 4;
+    /// `func_stack_trace` is on.
+    pub const STACK: u32 = 8;
+}
+
 /// The state the handlers of one instance share with the control side.
 pub(crate) struct Live {
     shared: Arc<Shared>,
-    /// Whether `knobs` has a pid list (checked before taking the RCU read side).
-    pid_filter: AtomicBool,
-    /// Whether `knobs` has a graph set.
-    graph_filter: AtomicBool,
+    /// `gate` bits `<< 32 | depth limit` (`max_graph_depth`, `u32::MAX` for none): what the
+    /// handlers check per call, in one load. All bits clear is the common case, which then
+    /// needs nothing else of the knobs.
+    gate: AtomicU64,
     knobs: RcuCell<Knobs>,
-    max_depth: AtomicU32,
     thresh_ns: AtomicU64,
-    options: AtomicU32,
     slot: usize,
+}
+
+impl Live {
+    /// The [`gate`](Live::gate) word for these settings.
+    fn gate_word(knobs: &Knobs, max_depth: u32, thresh_ns: u64, options: u32) -> u64 {
+        let mut bits = 0;
+        if !knobs.pids.is_empty() {
+            bits |= gate::PIDS;
+        }
+        if !knobs.graph.is_empty() || !knobs.graph_notrace.is_empty() {
+            bits |= gate::GRAPH;
+        }
+        if thresh_ns != 0 {
+            bits |= gate::THRESH;
+        }
+        if options & opt::STACK != 0 {
+            bits |= gate::STACK;
+        }
+        let limit = if max_depth == 0 { u32::MAX } else { max_depth };
+        u64::from(bits) << 32 | u64::from(limit)
+    }
 }
 
 /// The running tracer of an instance.
@@ -406,18 +445,14 @@ fn start(instance: &Arc<Instance>, st: &super::State, kind: Kind) -> Result<Runn
     } else {
         0
     };
-    let knobs = knobs_of(instance, st);
     let live = Arc::new(Live {
         shared: instance.shared.clone(),
-        pid_filter: AtomicBool::new(!knobs.pids.is_empty()),
-        graph_filter: AtomicBool::new(!knobs.graph.is_empty() || !knobs.graph_notrace.is_empty()),
+        gate: AtomicU64::new(0),
         knobs: RcuCell::empty(),
-        max_depth: AtomicU32::new(MAX_GRAPH_DEPTH.load(Ordering::Relaxed)),
-        thresh_ns: AtomicU64::new(TRACING_THRESH_NS.load(Ordering::Relaxed)),
-        options: AtomicU32::new(st.tracer.options.load(Ordering::Relaxed)),
+        thresh_ns: AtomicU64::new(0),
         slot,
     });
-    live.knobs.replace(Some(knobs));
+    republish(instance, st, &live);
     let (ips, mut refused) = targets(instance);
     let fprobe = match register(kind, &live, &ips) {
         Ok(Some(fp)) => {
@@ -530,19 +565,17 @@ pub(crate) fn republish_all(instance: &Arc<Instance>) {
 
 fn republish(instance: &Arc<Instance>, st: &super::State, live: &Live) {
     let knobs = knobs_of(instance, st);
-    live.pid_filter
-        .store(!knobs.pids.is_empty(), Ordering::Release);
-    live.graph_filter.store(
-        !knobs.graph.is_empty() || !knobs.graph_notrace.is_empty(),
-        Ordering::Release,
+    let thresh = TRACING_THRESH_NS.load(Ordering::Relaxed);
+    let word = Live::gate_word(
+        &knobs,
+        MAX_GRAPH_DEPTH.load(Ordering::Relaxed),
+        thresh,
+        st.tracer.options.load(Ordering::Relaxed),
     );
+    // The knobs and the threshold before the word that sends handlers to them.
     live.knobs.replace(Some(knobs));
-    live.max_depth
-        .store(MAX_GRAPH_DEPTH.load(Ordering::Relaxed), Ordering::Relaxed);
-    live.thresh_ns
-        .store(TRACING_THRESH_NS.load(Ordering::Relaxed), Ordering::Relaxed);
-    live.options
-        .store(st.tracer.options.load(Ordering::Relaxed), Ordering::Relaxed);
+    live.thresh_ns.store(thresh, Ordering::Relaxed);
+    live.gate.store(word, Ordering::Release);
 }
 
 /// Republishes the process-wide settings (`tracing_thresh`, `max_graph_depth`, the graph
@@ -557,16 +590,31 @@ pub(crate) fn thresh_changed() {
 }
 
 impl Live {
-    /// Whether `set_ftrace_pid`/`set_ftrace_notrace_pid` keep the calling thread out.
-    #[inline]
+    /// Whether `set_ftrace_pid`/`set_ftrace_notrace_pid` keep the calling thread out (only
+    /// asked when the gate says there are lists).
+    #[cold]
+    #[inline(never)]
     fn ignores(&self, tid: i32) -> bool {
-        if !self.pid_filter.load(Ordering::Relaxed) {
-            return false;
-        }
         let guard = read_lock();
         self.knobs.get(&guard).is_some_and(|k| k.pids.ignores(tid))
     }
+
+    /// The graph tracer's slot, known in range (so indexing the per-thread arrays needs no
+    /// check).
+    #[inline(always)]
+    fn graph_slot(&self) -> usize {
+        self.slot & (GRAPH_SLOTS - 1)
+    }
+
+    /// The time now on the buffer's clock, for a call or return time that no record of
+    /// this handler carries.
+    #[inline(never)]
+    fn now(&self) -> u64 {
+        ustrace_ringbuf::clock::now(self.shared.buffer.clock())
+    }
 }
+
+const _: () = assert!(GRAPH_SLOTS.is_power_of_two());
 
 #[inline(always)]
 fn put_u64(record: &mut [u8], at: usize, v: u64) {
@@ -581,20 +629,20 @@ fn put_u32(record: &mut [u8], at: usize, v: u32) {
 /// The `function` tracer's handler: one record per call.
 #[inline]
 fn function_entry(live: &Live, ip: usize, parent: usize) {
+    let bits = (live.gate.load(Ordering::Relaxed) >> 32) as u32;
     let tid = crate::thread::current_tid(&live.shared.record_cmd);
-    if live.ignores(tid) {
+    if bits & gate::PIDS != 0 && live.ignores(tid) {
         return;
     }
-    if let Some(mut slot) = live.shared.buffer.reserve(FUNCTION_LEN) {
-        let record: &mut [u8] = &mut slot;
-        crate::event::field::write_common_header(record, FUNCTION_ID.0, tid);
-        put_u64(record, 8, ip as u64);
-        put_u64(record, 16, parent as u64);
-        slot.commit();
-    } else {
+    let Some(mut slot) = live.shared.buffer.reserve(FUNCTION_LEN) else {
         return;
-    }
-    if live.options.load(Ordering::Relaxed) & opt::STACK != 0 {
+    };
+    let record: &mut [u8] = &mut slot;
+    crate::event::field::write_common_header(record, FUNCTION_ID.0, tid);
+    put_u64(record, 8, ip as u64);
+    put_u64(record, 16, parent as u64);
+    slot.commit();
+    if bits & gate::STACK != 0 {
         stack_after(live, tid);
     }
 }
@@ -612,18 +660,86 @@ fn stack_after(live: &Live, tid: i32) {
 const LEFT_GRAPH: u32 = 1;
 const LEFT_NOTRACE: u32 = 2;
 const SILENT: u32 = 4;
+/// `tracing_thresh` was set at the call: no entry record, and the exit is kept only when
+/// the call took at least that long (the kernel's threshold tracer, chosen per call here).
+const THRESHED: u32 = 8;
 
-/// The graph tracer's entry handler.
+/// What the graph tracer keeps per call, in the fprobe's entry data: `calltime`, the depth
+/// the call was entered at, and its flags.
+const ENTRY_DATA: usize = 16;
+
+#[inline(always)]
+fn put_entry_data(data: &mut [u8; ENTRY_DATA], calltime: u64, depth: u32, flags: u32) {
+    data[0..8].copy_from_slice(&calltime.to_ne_bytes());
+    data[8..12].copy_from_slice(&depth.to_ne_bytes());
+    data[12..16].copy_from_slice(&flags.to_ne_bytes());
+}
+
+/// The gate bits the graph tracer's handlers take a look up for (`func_stack_trace` is
+/// the function tracer's).
+const GRAPH_GATES: u64 = ((gate::PIDS | gate::GRAPH | gate::THRESH) as u64) << 32;
+
+/// The graph tracer's entry handler. The common case (no pid list, no graph set, no
+/// threshold, within `max_graph_depth`) is a straight line: one look at the gate, the
+/// depth, one record, whose timestamp is also the call's `calltime` (one clock read).
 #[inline]
 fn graph_entry(live: &Live, ip: usize, data: &mut [u8]) -> EntryAction {
-    let tid = crate::thread::current_tid(&live.shared.record_cmd);
-    if live.ignores(tid) {
+    let Some(data) = data.first_chunk_mut::<ENTRY_DATA>() else {
+        // The fprobe was registered with this size: never taken.
+        return EntryAction::SkipExit;
+    };
+    let word = live.gate.load(Ordering::Relaxed);
+    let slot = live.graph_slot();
+    let depth = DEPTH.with(|d| d[slot].get());
+    if word & GRAPH_GATES != 0 {
+        return graph_entry_gated(live, ip, data, word, depth);
+    }
+    if depth >= word as u32 {
         return EntryAction::SkipExit;
     }
-    let slot = live.slot;
-    let depth = DEPTH.with(|d| d[slot].get());
+    DEPTH.with(|d| d[slot].set(depth + 1));
+    let tid = crate::thread::current_tid(&live.shared.record_cmd);
+    let calltime = write_graph_entry(live, tid, ip, depth);
+    put_entry_data(data, calltime, depth, 0);
+    EntryAction::Continue
+}
+
+/// Writes a `funcgraph_entry` record; its time is the call's `calltime` (read from the
+/// clock when no record could be written: recording off, or dropped).
+#[inline(always)]
+fn write_graph_entry(live: &Live, tid: i32, ip: usize, depth: u32) -> u64 {
+    let Some(mut slot) = live.shared.buffer.reserve(GRAPH_ENTRY_LEN) else {
+        return live.now();
+    };
+    let calltime = slot.timestamp();
+    let record: &mut [u8] = &mut slot;
+    crate::event::field::write_common_header(record, GRAPH_ENTRY_ID.0, tid);
+    put_u64(record, 8, ip as u64);
+    put_u32(record, 16, depth);
+    put_u32(record, 20, 0);
+    slot.commit();
+    calltime
+}
+
+/// The graph tracer's entry when any of pid lists, graph sets, threshold or stack option
+/// is set.
+#[cold]
+#[inline(never)]
+fn graph_entry_gated(
+    live: &Live,
+    ip: usize,
+    data: &mut [u8; ENTRY_DATA],
+    word: u64,
+    depth: u32,
+) -> EntryAction {
+    let bits = (word >> 32) as u32;
+    let tid = crate::thread::current_tid(&live.shared.record_cmd);
+    if bits & gate::PIDS != 0 && live.ignores(tid) {
+        return EntryAction::SkipExit;
+    }
+    let slot = live.graph_slot();
     let mut flags = 0;
-    if live.graph_filter.load(Ordering::Relaxed) {
+    if bits & gate::GRAPH != 0 {
         if NOTRACE_IN.with(|n| n[slot].get()) != 0 {
             return EntryAction::SkipExit;
         }
@@ -642,38 +758,61 @@ fn graph_entry(live: &Live, ip: usize, data: &mut [u8]) -> EntryAction {
             }
         }
     }
-    let max = live.max_depth.load(Ordering::Relaxed);
-    if max != 0 && depth >= max && flags == 0 {
+    if depth >= word as u32 && flags == 0 {
         return EntryAction::SkipExit;
     }
     DEPTH.with(|d| d[slot].set(depth + 1));
-    let calltime = ustrace_ringbuf::clock::now(live.shared.buffer.clock());
-    data[0..8].copy_from_slice(&calltime.to_ne_bytes());
-    data[8..12].copy_from_slice(&depth.to_ne_bytes());
-    data[12..16].copy_from_slice(&flags.to_ne_bytes());
-    if flags & SILENT != 0 || live.thresh_ns.load(Ordering::Relaxed) != 0 {
-        // With tracing_thresh only exits are kept, as the kernel's thresh entry handler.
-        return EntryAction::Continue;
+    if bits & gate::THRESH != 0 {
+        flags |= THRESHED;
     }
-    if let Some(mut slot) = live.shared.buffer.reserve(GRAPH_ENTRY_LEN) {
-        let record: &mut [u8] = &mut slot;
-        crate::event::field::write_common_header(record, GRAPH_ENTRY_ID.0, tid);
-        put_u64(record, 8, ip as u64);
-        put_u32(record, 16, depth);
-        put_u32(record, 20, 0);
-        slot.commit();
-    }
+    // With tracing_thresh only exits are kept, as the kernel's thresh entry handler.
+    let calltime = if flags & (SILENT | THRESHED) != 0 {
+        live.now()
+    } else {
+        write_graph_entry(live, tid, ip, depth)
+    };
+    put_entry_data(data, calltime, depth, flags);
     EntryAction::Continue
 }
 
-/// The graph tracer's exit handler.
+/// The graph tracer's exit handler. The common case (the entry set no flag) writes one
+/// record, whose timestamp is also the call's `rettime` (one clock read).
 #[inline]
 fn graph_exit(live: &Live, ip: usize, data: &mut [u8]) {
+    let Some(data) = data.first_chunk::<ENTRY_DATA>() else {
+        return;
+    };
     let calltime = u64::from_ne_bytes(data[0..8].try_into().expect("8 bytes"));
     let depth = u32::from_ne_bytes(data[8..12].try_into().expect("4 bytes"));
     let flags = u32::from_ne_bytes(data[12..16].try_into().expect("4 bytes"));
-    let slot = live.slot;
-    DEPTH.with(|d| d[slot].set(depth));
+    DEPTH.with(|d| d[live.graph_slot()].set(depth));
+    if flags != 0 {
+        graph_exit_flagged(live, ip, depth, calltime, flags);
+        return;
+    }
+    write_graph_exit_now(live, ip, depth, calltime);
+}
+
+/// Writes a `funcgraph_exit` record whose time is the return's `rettime`.
+#[inline(always)]
+fn write_graph_exit_now(live: &Live, ip: usize, depth: u32, calltime: u64) {
+    let tid = crate::thread::current_tid(&live.shared.record_cmd);
+    let Some(mut slot) = live.shared.buffer.reserve(GRAPH_EXIT_LEN) else {
+        return;
+    };
+    let rettime = slot.timestamp();
+    let record: &mut [u8] = &mut slot;
+    write_graph_exit(record, tid, ip, depth, calltime, rettime);
+    slot.commit();
+}
+
+/// The graph tracer's exit of a call whose entry set flags: the graph-set marks it set are
+/// cleared; a `set_graph_notrace` call records nothing; under `tracing_thresh` the return
+/// time decides whether a record is written at all, so it is read before reserving.
+#[cold]
+#[inline(never)]
+fn graph_exit_flagged(live: &Live, ip: usize, depth: u32, calltime: u64, flags: u32) {
+    let slot = live.graph_slot();
     if flags & LEFT_GRAPH != 0 {
         GRAPH_IN.with(|g| g[slot].set(0));
     }
@@ -683,20 +822,35 @@ fn graph_exit(live: &Live, ip: usize, data: &mut [u8]) {
     if flags & SILENT != 0 {
         return;
     }
-    let rettime = ustrace_ringbuf::clock::now(live.shared.buffer.clock());
-    let thresh = live.thresh_ns.load(Ordering::Relaxed);
-    if thresh != 0 && rettime.wrapping_sub(calltime) < thresh {
+    if flags & THRESHED == 0 {
+        write_graph_exit_now(live, ip, depth, calltime);
+        return;
+    }
+    let rettime = live.now();
+    if rettime.wrapping_sub(calltime) < live.thresh_ns.load(Ordering::Relaxed) {
         return;
     }
     let tid = crate::thread::current_tid(&live.shared.record_cmd);
     if let Some(mut slot) = live.shared.buffer.reserve(GRAPH_EXIT_LEN) {
         let record: &mut [u8] = &mut slot;
-        crate::event::field::write_common_header(record, GRAPH_EXIT_ID.0, tid);
-        put_u64(record, 8, ip as u64);
-        put_u32(record, 16, depth);
-        put_u32(record, 20, 0);
-        put_u64(record, 24, calltime);
-        put_u64(record, 32, rettime);
+        write_graph_exit(record, tid, ip, depth, calltime, rettime);
         slot.commit();
     }
+}
+
+#[inline(always)]
+fn write_graph_exit(
+    record: &mut [u8],
+    tid: i32,
+    ip: usize,
+    depth: u32,
+    calltime: u64,
+    rettime: u64,
+) {
+    crate::event::field::write_common_header(record, GRAPH_EXIT_ID.0, tid);
+    put_u64(record, 8, ip as u64);
+    put_u32(record, 16, depth);
+    put_u32(record, 20, 0);
+    put_u64(record, 24, calltime);
+    put_u64(record, 32, rettime);
 }
