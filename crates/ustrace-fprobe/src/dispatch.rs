@@ -995,8 +995,9 @@ pub fn outstanding_frames() -> usize {
 /// Puts the real return address back into every live hooked frame of the calling thread for
 /// the length of a stack walk, keeping the frames: their exits still run once
 /// [`hide_real_returns`] has hooked them again. `token` records which slots changed
-/// (bits 0..MAX_FRAMES), the depth, and whether this call set `busy` — while it is set, probes
-/// hit by the walk itself count as missed instead of hooking frames the walk may look at.
+/// (bits 0..MAX_FRAMES), the depth, and whether this call entered the dispatcher — while the
+/// thread is inside it, probes hit by the walk itself count as missed (the unwinder hook that
+/// would detach every frame among them).
 ///
 /// Frames below the walker's stack pointer are stale (left by `longjmp`) and not touched; a
 /// slot is rewritten only while it holds the trampoline, as `detach_thread_frames` does.
@@ -1008,8 +1009,7 @@ pub(crate) fn show_real_returns(token: &mut [u64; 6]) {
     // SAFETY: own thread state. Live frames' slots are return slots of frames above the
     // walker's, which cannot return before the walk does.
     unsafe {
-        if !(*ts).busy {
-            (*ts).busy = true;
+        if enter(ts) {
             token[5] = 1;
         }
         let depth = (*ts).depth;
@@ -1043,7 +1043,7 @@ pub(crate) fn hide_real_returns(token: &[u64; 6]) {
             }
         }
         if token[5] == 1 {
-            (*ts).busy = false;
+            leave(ts);
         }
     }
 }
