@@ -25,10 +25,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ustrace_filter::FieldClass;
-use ustrace_tracemap::{Elt, HashedKey};
+use ustrace_tracemap::{Elt, HashedKey, VarAt};
 
 use crate::buffers::Shared;
-use crate::stage::hist::{show, Hist, HistHooks};
+use crate::stage::hist::{show, Hist};
 use crate::synth::{SynthHold, SynthValue, Synthetic};
 
 /// Most variable references one trigger resolves per record (the kernel's
@@ -49,6 +49,26 @@ pub struct RefSlot {
     pub read_once: bool,
     /// The variable holds the address of a string kept in its entry.
     pub string: bool,
+    /// Where the variable lives in the defining histogram's elements, resolved once;
+    /// `None` for this trigger's own (or a variable that map does not have: never set).
+    at: Option<VarAt>,
+}
+
+impl RefSlot {
+    /// A reference to variable `var` of `hist` (`None`: this trigger's own).
+    pub fn new(hist: Option<Arc<Hist>>, var: usize, read_once: bool, string: bool) -> RefSlot {
+        let at = hist
+            .as_ref()
+            .filter(|h| var < h.map.config().n_vars)
+            .map(|h| h.map.var_at(var));
+        RefSlot {
+            hist,
+            var,
+            read_once,
+            string,
+            at,
+        }
+    }
 }
 
 /// How to read one field of the triggering record.
@@ -269,10 +289,11 @@ impl Inter {
             let map = &hist.map;
             let found = with_key_len(key, map.config().key_size, |k| {
                 let elt = map.lookup_hashed(k)?;
+                let at = r.at?;
                 if r.read_once {
-                    elt.take_var(r.var)
+                    elt.take_var_at(at)
                 } else {
-                    elt.var(r.var)
+                    elt.var_at(at)
                 }
             });
             match (found, vals.get_mut(i)) {
@@ -284,11 +305,12 @@ impl Inter {
     }
 
     /// Resolves the references to this trigger's own variables from the updated entry,
-    /// never consuming them. `false` when one is unset: the actions do not run.
+    /// never consuming them, but those in `done` (one bit per reference), which the update
+    /// computed. `false` when one is unset: the actions do not run.
     #[inline]
-    pub fn resolve_own(&self, elt: &Elt, vals: &mut [u64]) -> bool {
+    pub fn resolve_own(&self, elt: &Elt, vals: &mut [u64], done: u64) -> bool {
         for (i, r) in self.refs.iter().enumerate() {
-            if r.hist.is_some() {
+            if r.hist.is_some() || (i < 64 && done & (1 << i) != 0) {
                 continue;
             }
             match (elt.var(r.var), vals.get_mut(i)) {
@@ -300,15 +322,16 @@ impl Inter {
     }
 
     /// Runs the actions after the entry `elt` (key `key`) was updated from `record`, with
-    /// the references' values in `vals` (own references resolved here).
+    /// the references' values in `vals` (own references not in `done` resolved here).
     pub(crate) fn run_actions(
         &self,
         elt: &Elt,
         key: HashedKey<'_>,
         record: &[u8],
         vals: &mut [u64],
+        done: u64,
     ) {
-        if self.actions.is_empty() || !self.resolve_own(elt, vals) {
+        if self.actions.is_empty() || !self.resolve_own(elt, vals, done) {
             return;
         }
         for action in &self.actions {
@@ -431,20 +454,19 @@ impl Inter {
     }
 }
 
-impl HistHooks for Inter {
+impl Inter {
+    /// Runs after the element of `key` was updated for `record`: the string variables are
+    /// copied into it, then the actions run. `refs` holds the resolved references (those
+    /// to own variables in `done` already computed) and is this stage's to fill further,
+    /// so no copy of it is made per record.
     #[inline]
-    fn resolve_refs(&self, _hist: &Hist, key: HashedKey<'_>, refs: &mut [u64]) -> bool {
-        self.resolve_cross(key, refs)
-    }
-
-    #[inline]
-    fn after_update(
+    pub fn after_update(
         &self,
-        _hist: &Hist,
         elt: &Elt,
         key: HashedKey<'_>,
         record: &[u8],
         refs: &mut [u64],
+        done: u64,
     ) {
         for v in &self.string_vars {
             store_str(elt, v.first, v.words, v.read.str(record));
@@ -452,15 +474,7 @@ impl HistHooks for Inter {
         if self.actions.is_empty() {
             return;
         }
-        self.run_actions(elt, key, record, refs);
-    }
-
-    fn print_entry(&self, _hist: &Hist, entry: &show::Entry, out: &mut String) {
-        Inter::print_entry(self, entry, out);
-    }
-
-    fn print_after_entries(&self, hist: &Hist, out: &mut String) {
-        self.print_snapshot(out, &|key, out| show::print_key(&hist.data, key, out));
+        self.run_actions(elt, key, record, refs, done);
     }
 }
 
