@@ -690,11 +690,7 @@ impl Prepared {
         drop(reg);
         let trace = |pt: PTrace| {
             let hold = pt.synth.hold();
-            TraceAction {
-                synth: pt.synth,
-                hold,
-                params: pt.params,
-            }
+            TraceAction::new(pt.synth, hold, pt.params)
         };
         let actions: Vec<Action> = self
             .actions

@@ -55,6 +55,18 @@ pub struct RefSlot {
 }
 
 impl RefSlot {
+    /// The variable in `map`'s element of `key` (taken, when read once).
+    #[inline(always)]
+    fn read(&self, map: &ustrace_tracemap::TracingMap, key: HashedKey<'_>) -> Option<u64> {
+        let elt = map.lookup_hashed(key)?;
+        let at = self.at?;
+        if self.read_once {
+            elt.take_var_at(at)
+        } else {
+            elt.var_at(at)
+        }
+    }
+
     /// A reference to variable `var` of `hist` (`None`: this trigger's own).
     pub fn new(hist: Option<Arc<Hist>>, var: usize, read_once: bool, string: bool) -> RefSlot {
         let at = hist
@@ -95,7 +107,7 @@ impl FieldRead {
 
     /// An integer field's value, sign-extended to 64 bits when signed (as the kernel's
     /// `hist_field_s32` and friends cast it).
-    #[inline]
+    #[inline(always)]
     pub fn int(&self, record: &[u8]) -> u64 {
         let Some(b) = record.get(self.offset..self.offset + self.size) else {
             return 0;
@@ -181,6 +193,9 @@ pub struct TraceAction {
     pub hold: SynthHold,
     /// One parameter per synthetic field, in order.
     pub params: Vec<Param>,
+    /// Every parameter an integer, at most 8, into an integers-only event: the action
+    /// takes [`TraceAction::fire_ints`], decided once here rather than on every match.
+    ints: bool,
 }
 
 /// A field `save()` copies into the entry.
@@ -287,15 +302,14 @@ impl Inter {
         for (i, r) in self.refs.iter().enumerate() {
             let Some(hist) = &r.hist else { continue };
             let map = &hist.map;
-            let found = with_key_len(key, map.config().key_size, |k| {
-                let elt = map.lookup_hashed(k)?;
-                let at = r.at?;
-                if r.read_once {
-                    elt.take_var_at(at)
-                } else {
-                    elt.var_at(at)
-                }
-            });
+            // A map keyed as this one (the usual pair keyed by the same field) takes the
+            // key and its hash as they are, inline.
+            let key_size = map.config().key_size;
+            let found = if key.bytes().len() == key_size {
+                r.read(map, key)
+            } else {
+                with_key_len(key, key_size, |k| r.read(map, k))
+            };
             match (found, vals.get_mut(i)) {
                 (Some(v), Some(slot)) => *slot = v,
                 _ => return false,
@@ -479,13 +493,30 @@ impl Inter {
 }
 
 impl TraceAction {
+    /// An action generating `synth` from `params` (one per field), holding it with `hold`.
+    pub fn new(synth: Arc<Synthetic>, hold: SynthHold, params: Vec<Param>) -> TraceAction {
+        let ints = params.len() <= 8
+            && synth.ints_only()
+            && params.iter().all(|p| match p {
+                Param::Ref(_) => true,
+                Param::Field(f) => !f.is_string(),
+                Param::RefStr { .. } => false,
+            });
+        TraceAction {
+            synth,
+            hold,
+            params,
+            ints,
+        }
+    }
+
     /// Generates the synthetic event from the resolved references, the entry `elt` of
     /// `key` (for string variables) and the record.
     #[inline]
     fn fire(&self, elt: &Elt, key: HashedKey<'_>, record: &[u8], vals: &[u64]) {
         // The common case, latencies and ids: integer fields from references and integer
         // record fields, passed as plain words with no value kinds to check.
-        if self.params.len() <= 8 && self.synth.ints_only() && self.fire_ints(record, vals) {
+        if self.ints && self.fire_ints(record, vals) {
             return;
         }
         // Most synthetic events have a few fields and no string variable: fill only small
