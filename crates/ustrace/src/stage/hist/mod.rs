@@ -268,7 +268,8 @@ pub struct Hist {
     /// `(reference, entry of vars)`: references to this trigger's own variables that every
     /// update computes, passed to the actions as computed.
     own_refs: Vec<(usize, usize)>,
-    /// The references `own_refs` covers, one bit each (references 0..64).
+    /// The references `own_refs` covers, one bit each (references 0..64), or
+    /// [`inter::ALL_OWN_DONE`] when it covers every reference to an own variable.
     own_refs_mask: u64,
     /// One numeric key: no compound key to assemble.
     single_num_key: bool,
@@ -413,6 +414,14 @@ impl Hist {
                     own_refs.push((i, j));
                     own_refs_mask |= 1 << i;
                 }
+            }
+            let own_left = inter
+                .refs
+                .iter()
+                .enumerate()
+                .any(|(i, r)| r.hist.is_none() && (i >= 64 || own_refs_mask & (1 << i) == 0));
+            if !own_left {
+                own_refs_mask = inter::ALL_OWN_DONE;
             }
         }
         let hooks = inter.map(Arc::new);
