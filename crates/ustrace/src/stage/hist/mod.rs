@@ -195,10 +195,22 @@ impl Ev {
     #[inline(always)]
     fn eval(&self, ctx: &Ctx<'_>) -> u64 {
         match self {
+            // A latency's `common_timestamp - $ts0`: both operands leaves, so the whole
+            // expression is evaluated here, with no call.
+            Ev::Bin(op, div, a, b) => {
+                syntax::eval_op(*op, *div, a.eval_leaf(ctx), b.eval_leaf(ctx))
+            }
+            _ => self.eval_leaf(ctx),
+        }
+    }
+
+    /// [`Ev::eval`] of a leaf inline; anything else out of line.
+    #[inline(always)]
+    fn eval_leaf(&self, ctx: &Ctx<'_>) -> u64 {
+        match self {
             Ev::Int(at) => at.read(ctx.record),
             Ev::VarRef(i) => ctx.refs.get(*i).copied().unwrap_or(0),
             Ev::Const(c) => *c,
-            // A latency's `common_timestamp - $ts0` reaches the clock with no second call.
             Ev::Timestamp => ctx.timestamp(),
             _ => self.eval_node(ctx),
         }
