@@ -181,6 +181,29 @@ impl EventFile {
         (flags & !(flag::ENABLED | flag::SOFT_MODE) == 0).then_some(Direct(self))
     }
 
+    /// Which record path a probe takes now (one relaxed load): [`Direct`] when the event
+    /// needs no check, [`Filtered`] when its only check is its filter, else
+    /// [`ProbePath::Checked`] (ask [`EventFile::checked`]). What a probe tests first, so
+    /// that each path is a tail call with the arguments still in registers.
+    ///
+    /// # Safety
+    /// Only a tracepoint probe may call it (as `trace_event!`'s do), inside the read-side
+    /// section of the tracepoint's call, and use what it returns only there: the
+    /// [`Filtered`] path reads the filter without a section of its own.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn probe_path(&self) -> ProbePath<'_> {
+        let flags = self.flags.load(Ordering::Relaxed) & !(flag::ENABLED | flag::SOFT_MODE);
+        // Every flag but these needs a check, flags added later included.
+        if flags == 0 {
+            ProbePath::Direct(Direct(self))
+        } else if flags == flag::FILTERED {
+            ProbePath::Filtered(Filtered(self))
+        } else {
+            ProbePath::Checked
+        }
+    }
+
     /// The record path for a probe that was refused [`EventFile::direct`], when
     /// [`EventFile::wants_record`] has nothing to do (no triggers, not soft-disabled, no pid
     /// filter): one relaxed load. `None`: ask [`EventFile::wanted`].
@@ -299,6 +322,14 @@ impl EventFile {
         if keep {
             self.shared.buffer.write(record);
         }
+    }
+
+    /// Writes a record [`Filtered::record`] built and kept: its header, then the record
+    /// into the buffer. Out of line, so that a rejected record's frame stays small.
+    #[inline(never)]
+    fn write_kept(&self, buf: &mut [u8; STACK_RECORD_SIZE], len: usize) {
+        self.write_header(buf, thread::current_tid(&self.shared.record_cmd));
+        self.shared.buffer.write(&buf[..len]);
     }
 
     /// The record path when a filter or conditional triggers must see the record before it
@@ -684,6 +715,52 @@ impl Checked<'_> {
     }
 }
 
+/// What [`EventFile::probe_path`] found.
+pub enum ProbePath<'a> {
+    /// No check: reserve, write, commit.
+    Direct(Direct<'a>),
+    /// The filter is the only check.
+    Filtered(Filtered<'a>),
+    /// Anything else: [`EventFile::checked`], then [`EventFile::wanted`].
+    Checked,
+}
+
+/// An event file whose only check was its filter when its flags were read
+/// ([`EventFile::probe_path`]). Only a tracepoint probe may hold one: its record path reads
+/// the filter inside the read-side section of the tracepoint's call.
+pub struct Filtered<'a>(&'a EventFile);
+
+impl Filtered<'_> {
+    /// Builds the record on the stack, runs the filter on it, and writes it only if it
+    /// passes: a rejected record costs no timestamp, no reservation, no read-side section
+    /// of its own, and no header when the filter reads no common field. Must be called
+    /// from a tracepoint probe (inside the tracepoint's read-side section).
+    #[inline(always)]
+    pub fn record(self, len: usize, fill: impl FnOnce(&mut [u8])) {
+        let file = self.0;
+        if len > STACK_RECORD_SIZE {
+            return file.record_filtered(len, flag::ENABLED | flag::FILTERED, fill);
+        }
+        let mut buf = [0u8; STACK_RECORD_SIZE];
+        fill(&mut buf[..len]);
+        // SAFETY: a `Filtered` is made only by `probe_path`, whose caller is inside a
+        // read-side section until the record is done; the program is not used after this
+        // function returns.
+        let program = unsafe { file.filter.get_in_section() };
+        // `None`: unpublished since the flags were read; kept, as with a filter removed a
+        // moment earlier.
+        if let Some(program) = program {
+            if program.reads_from() < crate::event::field::COMMON_SIZE {
+                file.write_header(&mut buf, thread::current_tid(&file.shared.record_cmd));
+            }
+            if !program.matches(&buf[..len]) {
+                return;
+            }
+        }
+        file.write_kept(&mut buf, len);
+    }
+}
+
 impl Direct<'_> {
     /// Writes one record straight into the buffer: reserve, header, `fill`, commit.
     #[inline(always)]
@@ -773,5 +850,71 @@ impl<T: EventSource + ?Sized> EventSource for Arc<T> {
     }
     fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
         (**self).attach(file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ustrace_ctl::vfs::FileSystem;
+
+    use crate::trace::tracing;
+
+    crate::trace_event! {
+        /// Recorded through the probe path of an event whose only check is its filter.
+        fn unit_event_file::filtered_probe(a: u64, b: u32) {
+            a: u64 = a,
+            b: u32 = b,
+        }
+        print "a=%llu b=%u", a, b;
+    }
+
+    /// A filter alone decides on the probe's stack record: what it keeps is written with
+    /// its header (written after the filter when the filter reads no common field), and a
+    /// filter on a common field sees the header it reads.
+    #[test]
+    fn the_filter_only_probe_path_keeps_what_passes_with_its_header() {
+        let fs = crate::tracefs();
+        let inst = "unit_filtered_probe";
+        let _ = tracing().remove_instance(inst);
+        tracing().create_instance(inst).unwrap();
+        let file = |f: &str| format!("instances/{inst}/events/unit_event_file/filtered_probe/{f}");
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        fs.write_file(&file("enable"), "1").unwrap();
+        fs.write_file(&file("filter"), "a == 5 || b == 7").unwrap();
+        filtered_probe::trace(5, 1);
+        filtered_probe::trace(6, 1);
+        filtered_probe::trace(6, 7);
+        fs.write_file(&file("filter"), &format!("common_pid == {tid} && a == 8"))
+            .unwrap();
+        filtered_probe::trace(8, 0);
+        filtered_probe::trace(9, 0);
+        fs.write_file(&file("filter"), &format!("common_pid != {tid}"))
+            .unwrap();
+        filtered_probe::trace(8, 1);
+        fs.write_file(&file("filter"), "0").unwrap();
+        filtered_probe::trace(10, 2);
+        fs.write_file(&file("enable"), "0").unwrap();
+        let trace = fs
+            .read_to_string(&format!("instances/{inst}/trace"))
+            .unwrap();
+        let lines: Vec<&str> = trace
+            .lines()
+            .filter(|l| l.contains("filtered_probe:"))
+            .collect();
+        let fields: Vec<&str> = lines
+            .iter()
+            .map(|l| l.split("filtered_probe: ").nth(1).unwrap())
+            .collect();
+        assert_eq!(
+            fields,
+            ["a=5 b=1", "a=6 b=7", "a=8 b=0", "a=10 b=2"],
+            "{trace}"
+        );
+        assert!(
+            lines.iter().all(|l| l.contains(&format!("-{tid} "))),
+            "{trace}"
+        );
+        tracing().remove_instance(inst).unwrap();
     }
 }

@@ -288,6 +288,21 @@ impl<T: Send + Sync> RcuCell<T> {
         unsafe { ptr.as_ref() }
     }
 
+    /// The current value, for a caller that is inside a read-side section it holds no guard
+    /// of (a tracepoint probe, which runs only inside the section of the tracepoint's call):
+    /// what [`RcuCell::get`] gives, without entering a nested section.
+    ///
+    /// # Safety
+    /// The calling thread must be inside a read-side section, and must not use the value
+    /// after that section ends.
+    #[inline(always)]
+    pub unsafe fn get_in_section(&self) -> Option<&T> {
+        debug_assert!(in_read_section());
+        let ptr = self.ptr.load(Ordering::Acquire);
+        // SAFETY: the caller's section keeps a published value from being freed.
+        unsafe { ptr.as_ref() }
+    }
+
     /// Publishes `value` (or nothing) and frees the previous value once no reader can see it.
     pub fn replace(&self, value: Option<T>) {
         let fresh = value.map_or(std::ptr::null_mut(), |v| Box::into_raw(Box::new(v)));

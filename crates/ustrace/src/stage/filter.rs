@@ -70,6 +70,13 @@ impl Compiled {
         self.program.text()
     }
 
+    /// The lowest record offset the filter reads (see `Program::reads_from`): a record
+    /// checked by a filter that reads no common field needs no header until it is kept.
+    #[inline]
+    pub fn reads_from(&self) -> usize {
+        self.program.reads_from()
+    }
+
     /// Whether `record` passes, with this thread's CPU and name as context; those are
     /// looked up only when the program names them.
     #[inline]
