@@ -205,16 +205,20 @@ impl EventFile {
     }
 
     /// The record path for a probe that was refused [`EventFile::direct`], when
-    /// [`EventFile::wants_record`] has nothing to do (no triggers, not soft-disabled, no pid
-    /// filter): one relaxed load. `None`: ask [`EventFile::wanted`].
+    /// [`EventFile::wants_record`] has nothing to do (no triggers but conditional ones, no
+    /// pid filter, not soft-disabled unless conditional triggers need the record): one
+    /// relaxed load. `None`: ask [`EventFile::wanted`].
     #[inline(always)]
     pub fn checked(&self) -> Option<Checked<'_>> {
         // The flags `wants_record` passes over; any other (flags added later included)
-        // sends the probe through `wanted`.
+        // sends the probe through `wanted`. Conditional triggers leave it nothing to do
+        // either, soft-disabled or not (they run on the built record, which the record
+        // path then drops): an eprobe's source event, a hist trigger's event.
         const PASSED: u32 =
             flag::ENABLED | flag::SOFT_MODE | flag::FILTERED | flag::STACKS | flag::CPU_MASK;
-        let flags = self.flags.load(Ordering::Relaxed);
-        (flags & !PASSED == 0).then_some(Checked(self))
+        const CONDITIONAL: u32 = flag::TRIGGER_MODE | flag::TRIGGER_COND;
+        let rest = self.flags.load(Ordering::Relaxed) & !PASSED;
+        (rest == 0 || rest & !flag::SOFT_DISABLED == CONDITIONAL).then_some(Checked(self))
     }
 
     /// [`EventFile::wants_record`], and the record path if it says yes.
@@ -915,6 +919,45 @@ mod tests {
             lines.iter().all(|l| l.contains(&format!("-{tid} "))),
             "{trace}"
         );
+        tracing().remove_instance(inst).unwrap();
+    }
+
+    crate::trace_event! {
+        /// Held in soft mode by a conditional trigger.
+        fn unit_event_file::triggered_probe(a: u64) {
+            a: u64 = a,
+        }
+        print "a=%llu", a;
+    }
+
+    /// A soft-disabled event whose triggers are all conditional takes the record path
+    /// straight from its probe: its triggers see the record, which is not kept, and a pid
+    /// filter still stops it first.
+    #[test]
+    fn conditional_triggers_of_a_soft_disabled_event_see_the_record_unless_pid_filtered() {
+        let fs = crate::tracefs();
+        let inst = "unit_triggered_probe";
+        let _ = tracing().remove_instance(inst);
+        tracing().create_instance(inst).unwrap();
+        let path = |f: &str| format!("instances/{inst}/{f}");
+        let trigger = path("events/unit_event_file/triggered_probe/trigger");
+        fs.write_file(&trigger, "traceoff if a == 3").unwrap();
+        let on = || fs.read_to_string(&path("tracing_on")).unwrap();
+        triggered_probe::trace(2);
+        assert_eq!(on(), "1\n");
+        triggered_probe::trace(3);
+        assert_eq!(on(), "0\n");
+        fs.write_file(&path("tracing_on"), "1").unwrap();
+        // SAFETY: getpid has no arguments and cannot fail.
+        let other = unsafe { libc::getpid() } + 1_000_000;
+        fs.write_file(&path("set_event_pid"), &other.to_string())
+            .unwrap();
+        triggered_probe::trace(3);
+        assert_eq!(on(), "1\n");
+        fs.write_file(&path("set_event_pid"), "").unwrap();
+        fs.write_file(&trigger, "!traceoff if a == 3").unwrap();
+        let trace = fs.read_to_string(&path("trace")).unwrap();
+        assert!(!trace.contains("triggered_probe:"), "{trace}");
         tracing().remove_instance(inst).unwrap();
     }
 }
