@@ -533,8 +533,9 @@ impl Program {
     fn matches_ranges(steps: &[RangeStep], record: &[u8]) -> bool {
         debug_assert!(steps.iter().all(|s| s.offset as usize + 8 <= record.len()));
         let n = steps.len();
-        let mut i = 0usize;
-        while let Some(step) = steps.get(i) {
+        // A cursor rather than an index: a step that does not jump costs one add.
+        let mut rest = steps;
+        while let [step, after @ ..] = rest {
             // SAFETY: the caller checked `record.len() >= min_len`, and `min_len` is at least
             // `offset + 8` for every step, so the 8 bytes read lie inside `record`; the read is
             // unaligned-safe.
@@ -549,12 +550,12 @@ impl Program {
             let jump = ((raw & step.mask) ^ step.sign_bit).wrapping_sub(step.bias) <= step.span;
             if jump {
                 let next = step.next as usize;
-                if next >= n {
-                    return next == n;
+                match steps.get(next..) {
+                    Some(tail) if next < n => rest = tail,
+                    _ => return next == n,
                 }
-                i = next;
             } else {
-                i += 1;
+                rest = after;
             }
         }
         true

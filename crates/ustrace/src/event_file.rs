@@ -331,9 +331,9 @@ impl EventFile {
     /// Writes a record [`Filtered::record`] built and kept: its header, then the record
     /// into the buffer. Out of line, so that a rejected record's frame stays small.
     #[inline(never)]
-    fn write_kept(&self, buf: &mut [u8; STACK_RECORD_SIZE], len: usize) {
-        self.write_header(buf, thread::current_tid(&self.shared.record_cmd));
-        self.shared.buffer.write(&buf[..len]);
+    fn write_kept(&self, record: &mut [u8]) {
+        self.write_header(record, thread::current_tid(&self.shared.record_cmd));
+        self.shared.buffer.write(record);
     }
 
     /// The record path when a filter or conditional triggers must see the record before it
@@ -745,8 +745,16 @@ impl Filtered<'_> {
         if len > STACK_RECORD_SIZE {
             return file.record_filtered(len, flag::ENABLED | flag::FILTERED, fill);
         }
-        let mut buf = [0u8; STACK_RECORD_SIZE];
-        fill(&mut buf[..len]);
+        let mut space = std::mem::MaybeUninit::<[u8; STACK_RECORD_SIZE]>::uninit();
+        // SAFETY: `len <= STACK_RECORD_SIZE`, and the `len` bytes are zeroed before the slice
+        // is made, so it covers initialized bytes of `space` only. Only these are zeroed: the
+        // stores the fields overwrite fold away.
+        let buf = unsafe {
+            let at = space.as_mut_ptr().cast::<u8>();
+            std::ptr::write_bytes(at, 0, len);
+            std::slice::from_raw_parts_mut(at, len)
+        };
+        fill(buf);
         // SAFETY: a `Filtered` is made only by `probe_path`, whose caller is inside a
         // read-side section until the record is done; the program is not used after this
         // function returns.
@@ -755,13 +763,13 @@ impl Filtered<'_> {
         // moment earlier.
         if let Some(program) = program {
             if program.reads_from() < crate::event::field::COMMON_SIZE {
-                file.write_header(&mut buf, thread::current_tid(&file.shared.record_cmd));
+                file.write_header(buf, thread::current_tid(&file.shared.record_cmd));
             }
-            if !program.matches(&buf[..len]) {
+            if !program.matches(buf) {
                 return;
             }
         }
-        file.write_kept(&mut buf, len);
+        file.write_kept(buf);
     }
 }
 
