@@ -196,8 +196,12 @@ impl EventFile {
         let flags = self.flags.load(Ordering::Relaxed) & !(flag::ENABLED | flag::SOFT_MODE);
         // Every flag but these needs a check, flags added later included.
         if flags == 0 {
-            ProbePath::Direct(Direct(self))
-        } else if flags == flag::FILTERED {
+            return ProbePath::Direct(Direct(self));
+        }
+        // Laid out after the direct path, so that it is tested first and pays for no other
+        // test (the paths below are tail calls either way).
+        not_direct();
+        if flags == flag::FILTERED {
             ProbePath::Filtered(Filtered(self))
         } else {
             ProbePath::Checked
@@ -718,6 +722,12 @@ impl Checked<'_> {
         }
     }
 }
+
+/// Marks the branch that calls it as the unlikely one (`std::hint::cold_path`, which is
+/// newer than this crate's minimum Rust).
+#[cold]
+#[inline]
+fn not_direct() {}
 
 /// What [`EventFile::probe_path`] found.
 pub enum ProbePath<'a> {
