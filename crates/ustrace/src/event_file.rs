@@ -332,6 +332,16 @@ impl EventFile {
         }
     }
 
+    /// [`Filtered::record`] for a filter that needs the header or its context: writes the
+    /// header, runs the whole filter, writes the record if it passes.
+    #[inline(never)]
+    fn filter_with_header(&self, program: &crate::stage::filter::Compiled, record: &mut [u8]) {
+        self.write_header(record, thread::current_tid(&self.shared.record_cmd));
+        if program.matches(record) {
+            self.shared.buffer.write(record);
+        }
+    }
+
     /// Writes a record [`Filtered::record`] built and kept: its header, then the record
     /// into the buffer. Out of line, so that a rejected record's frame stays small.
     #[inline(never)]
@@ -771,15 +781,13 @@ impl Filtered<'_> {
         let program = unsafe { file.filter.get_in_section() };
         // `None`: unpublished since the flags were read; kept, as with a filter removed a
         // moment earlier.
-        if let Some(program) = program {
-            if program.reads_from() < crate::event::field::COMMON_SIZE {
-                file.write_header(buf, thread::current_tid(&file.shared.record_cmd));
-            }
-            if !program.matches(buf) {
-                return;
-            }
+        // Every call below is the last thing done, so no value lives across a call and the
+        // probe saves no register.
+        match program.map(|p| (p, p.matches_headerless(buf))) {
+            None | Some((_, Some(true))) => file.write_kept(buf),
+            Some((_, Some(false))) => {}
+            Some((program, None)) => file.filter_with_header(program, buf),
         }
-        file.write_kept(buf);
     }
 }
 
