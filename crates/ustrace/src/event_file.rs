@@ -170,10 +170,9 @@ impl EventFile {
         !(flags & flag::PID_FILTER != 0 && self.shared.ignores_current_thread())
     }
 
-    /// The direct path, when the event needs no check now (one relaxed load): what a probe
-    /// tests first, so that it can leave every other case to an out-of-line function before
-    /// it saves any register. `None` means: ask [`EventFile::wants_record`], then
-    /// [`EventFile::record`].
+    /// The direct path, when the event needs no check now (one relaxed load), for a
+    /// producer that is not a tracepoint probe (probes ask [`EventFile::probe_path`]).
+    /// `None` means: ask [`EventFile::wants_record`], then [`EventFile::record`].
     #[inline(always)]
     pub fn direct(&self) -> Option<Direct<'_>> {
         // Every flag but these needs a check, flags added later included.
