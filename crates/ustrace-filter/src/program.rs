@@ -226,6 +226,8 @@ pub struct Program {
 struct Ranges {
     steps: Box<[RangeStep]>,
     min_len: usize,
+    /// The lowest record offset any step reads.
+    min_offset: usize,
 }
 
 /// One step of an all-integer program, reduced for the record path: the
@@ -474,6 +476,7 @@ impl Program {
                 .map(|s| s.offset as usize + 8)
                 .max()
                 .unwrap_or(0),
+            min_offset: steps.iter().map(|s| s.offset as usize).min().unwrap_or(0),
             steps,
         });
         Program {
@@ -530,8 +533,9 @@ impl Program {
     fn matches_ranges(steps: &[RangeStep], record: &[u8]) -> bool {
         debug_assert!(steps.iter().all(|s| s.offset as usize + 8 <= record.len()));
         let n = steps.len();
-        let mut i = 0usize;
-        while let Some(step) = steps.get(i) {
+        // A cursor rather than an index: a step that does not jump costs one add.
+        let mut rest = steps;
+        while let [step, after @ ..] = rest {
             // SAFETY: the caller checked `record.len() >= min_len`, and `min_len` is at least
             // `offset + 8` for every step, so the 8 bytes read lie inside `record`; the read is
             // unaligned-safe.
@@ -546,12 +550,12 @@ impl Program {
             let jump = ((raw & step.mask) ^ step.sign_bit).wrapping_sub(step.bias) <= step.span;
             if jump {
                 let next = step.next as usize;
-                if next >= n {
-                    return next == n;
+                match steps.get(next..) {
+                    Some(tail) if next < n => rest = tail,
+                    _ => return next == n,
                 }
-                i = next;
             } else {
-                i += 1;
+                rest = after;
             }
         }
         true
@@ -562,6 +566,13 @@ impl Program {
     /// trailing whitespace removed, leading whitespace kept.
     pub fn text(&self) -> &str {
         &self.text
+    }
+
+    /// The lowest record offset the program may read: a caller may leave the bytes
+    /// below it unwritten. 0 (everything) unless every predicate is an integer test of a
+    /// field, the programs [`matches_fields_only`](Program::matches_fields_only) runs.
+    pub fn reads_from(&self) -> usize {
+        self.ranges.as_ref().map_or(0, |r| r.min_offset)
     }
 
     /// Whether some predicate reads `Context::comm` (the caller can skip
@@ -688,5 +699,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A caller may leave the bytes below `reads_from` unwritten: so it must cover every
+    /// byte any predicate reads, and be 0 for programs that read context or strings.
+    #[test]
+    fn reads_from_is_the_lowest_field_a_program_reads() {
+        let at = |text: &str| {
+            compile(text, &FIELDS, &CompileEnv::default())
+                .unwrap()
+                .reads_from()
+        };
+        assert_eq!(at("u == 1"), 16);
+        assert_eq!(at("s < 0 && u == 1"), 16);
+        assert_eq!(at("s < 0 || b == 2"), 8);
+        assert_eq!(at("!(i == 0) && s > 1"), 12);
+        // Not an integer program: conservatively everything.
+        assert_eq!(at("u == 1 && CPU == 0"), 0);
+        assert_eq!(at("u & 1"), 0);
     }
 }

@@ -170,10 +170,9 @@ impl EventFile {
         !(flags & flag::PID_FILTER != 0 && self.shared.ignores_current_thread())
     }
 
-    /// The direct path, when the event needs no check now (one relaxed load): what a probe
-    /// tests first, so that it can leave every other case to an out-of-line function before
-    /// it saves any register. `None` means: ask [`EventFile::wants_record`], then
-    /// [`EventFile::record`].
+    /// The direct path, when the event needs no check now (one relaxed load), for a
+    /// producer that is not a tracepoint probe (probes ask [`EventFile::probe_path`]).
+    /// `None` means: ask [`EventFile::wants_record`], then [`EventFile::record`].
     #[inline(always)]
     pub fn direct(&self) -> Option<Direct<'_>> {
         // Every flag but these needs a check, flags added later included.
@@ -181,17 +180,48 @@ impl EventFile {
         (flags & !(flag::ENABLED | flag::SOFT_MODE) == 0).then_some(Direct(self))
     }
 
+    /// Which record path a probe takes now (one relaxed load): [`Direct`] when the event
+    /// needs no check, [`Filtered`] when its only check is its filter, else
+    /// [`ProbePath::Checked`] (ask [`EventFile::checked`]). What a probe tests first, so
+    /// that each path is a tail call with the arguments still in registers.
+    ///
+    /// # Safety
+    /// Only a tracepoint probe may call it (as `trace_event!`'s do), inside the read-side
+    /// section of the tracepoint's call, and use what it returns only there: the
+    /// [`Filtered`] path reads the filter without a section of its own.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn probe_path(&self) -> ProbePath<'_> {
+        let flags = self.flags.load(Ordering::Relaxed) & !(flag::ENABLED | flag::SOFT_MODE);
+        // Every flag but these needs a check, flags added later included.
+        if flags == 0 {
+            return ProbePath::Direct(Direct(self));
+        }
+        // Laid out after the direct path, so that it is tested first and pays for no other
+        // test (the paths below are tail calls either way).
+        not_direct();
+        if flags == flag::FILTERED {
+            ProbePath::Filtered(Filtered(self))
+        } else {
+            ProbePath::Checked
+        }
+    }
+
     /// The record path for a probe that was refused [`EventFile::direct`], when
-    /// [`EventFile::wants_record`] has nothing to do (no triggers, not soft-disabled, no pid
-    /// filter): one relaxed load. `None`: ask [`EventFile::wanted`].
+    /// [`EventFile::wants_record`] has nothing to do (no triggers but conditional ones, no
+    /// pid filter, not soft-disabled unless conditional triggers need the record): one
+    /// relaxed load. `None`: ask [`EventFile::wanted`].
     #[inline(always)]
     pub fn checked(&self) -> Option<Checked<'_>> {
         // The flags `wants_record` passes over; any other (flags added later included)
-        // sends the probe through `wanted`.
+        // sends the probe through `wanted`. Conditional triggers leave it nothing to do
+        // either, soft-disabled or not (they run on the built record, which the record
+        // path then drops): an eprobe's source event, a hist trigger's event.
         const PASSED: u32 =
             flag::ENABLED | flag::SOFT_MODE | flag::FILTERED | flag::STACKS | flag::CPU_MASK;
-        let flags = self.flags.load(Ordering::Relaxed);
-        (flags & !PASSED == 0).then_some(Checked(self))
+        const CONDITIONAL: u32 = flag::TRIGGER_MODE | flag::TRIGGER_COND;
+        let rest = self.flags.load(Ordering::Relaxed) & !PASSED;
+        (rest == 0 || rest & !flag::SOFT_DISABLED == CONDITIONAL).then_some(Checked(self))
     }
 
     /// [`EventFile::wants_record`], and the record path if it says yes.
@@ -299,6 +329,24 @@ impl EventFile {
         if keep {
             self.shared.buffer.write(record);
         }
+    }
+
+    /// [`Filtered::record`] for a filter that needs the header or its context: writes the
+    /// header, runs the whole filter, writes the record if it passes.
+    #[inline(never)]
+    fn filter_with_header(&self, program: &crate::stage::filter::Compiled, record: &mut [u8]) {
+        self.write_header(record, thread::current_tid(&self.shared.record_cmd));
+        if program.matches(record) {
+            self.shared.buffer.write(record);
+        }
+    }
+
+    /// Writes a record [`Filtered::record`] built and kept: its header, then the record
+    /// into the buffer. Out of line, so that a rejected record's frame stays small.
+    #[inline(never)]
+    fn write_kept(&self, record: &mut [u8]) {
+        self.write_header(record, thread::current_tid(&self.shared.record_cmd));
+        self.shared.buffer.write(record);
     }
 
     /// The record path when a filter or conditional triggers must see the record before it
@@ -684,6 +732,64 @@ impl Checked<'_> {
     }
 }
 
+/// Marks the branch that calls it as the unlikely one (`std::hint::cold_path`, which is
+/// newer than this crate's minimum Rust).
+#[cold]
+#[inline]
+fn not_direct() {}
+
+/// What [`EventFile::probe_path`] found.
+pub enum ProbePath<'a> {
+    /// No check: reserve, write, commit.
+    Direct(Direct<'a>),
+    /// The filter is the only check.
+    Filtered(Filtered<'a>),
+    /// Anything else: [`EventFile::checked`], then [`EventFile::wanted`].
+    Checked,
+}
+
+/// An event file whose only check was its filter when its flags were read
+/// ([`EventFile::probe_path`]). Only a tracepoint probe may hold one: its record path reads
+/// the filter inside the read-side section of the tracepoint's call.
+pub struct Filtered<'a>(&'a EventFile);
+
+impl Filtered<'_> {
+    /// Builds the record on the stack, runs the filter on it, and writes it only if it
+    /// passes: a rejected record costs no timestamp, no reservation, no read-side section
+    /// of its own, and no header when the filter reads no common field. Must be called
+    /// from a tracepoint probe (inside the tracepoint's read-side section).
+    #[inline(always)]
+    pub fn record(self, len: usize, fill: impl FnOnce(&mut [u8])) {
+        let file = self.0;
+        if len > STACK_RECORD_SIZE {
+            return file.record_filtered(len, flag::ENABLED | flag::FILTERED, fill);
+        }
+        let mut space = std::mem::MaybeUninit::<[u8; STACK_RECORD_SIZE]>::uninit();
+        // SAFETY: `len <= STACK_RECORD_SIZE`, and the `len` bytes are zeroed before the slice
+        // is made, so it covers initialized bytes of `space` only. Only these are zeroed: the
+        // stores the fields overwrite fold away.
+        let buf = unsafe {
+            let at = space.as_mut_ptr().cast::<u8>();
+            std::ptr::write_bytes(at, 0, len);
+            std::slice::from_raw_parts_mut(at, len)
+        };
+        fill(buf);
+        // SAFETY: a `Filtered` is made only by `probe_path`, whose caller is inside a
+        // read-side section until the record is done; the program is not used after this
+        // function returns.
+        let program = unsafe { file.filter.get_in_section() };
+        // `None`: unpublished since the flags were read; kept, as with a filter removed a
+        // moment earlier.
+        // Every call below is the last thing done, so no value lives across a call and the
+        // probe saves no register.
+        match program.map(|p| (p, p.matches_headerless(buf))) {
+            None | Some((_, Some(true))) => file.write_kept(buf),
+            Some((_, Some(false))) => {}
+            Some((program, None)) => file.filter_with_header(program, buf),
+        }
+    }
+}
+
 impl Direct<'_> {
     /// Writes one record straight into the buffer: reserve, header, `fill`, commit.
     #[inline(always)]
@@ -773,5 +879,110 @@ impl<T: EventSource + ?Sized> EventSource for Arc<T> {
     }
     fn attach(&self, file: Arc<EventFile>) -> Result<Box<dyn Attachment>, Errno> {
         (**self).attach(file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ustrace_ctl::vfs::FileSystem;
+
+    use crate::trace::tracing;
+
+    crate::trace_event! {
+        /// Recorded through the probe path of an event whose only check is its filter.
+        fn unit_event_file::filtered_probe(a: u64, b: u32) {
+            a: u64 = a,
+            b: u32 = b,
+        }
+        print "a=%llu b=%u", a, b;
+    }
+
+    /// A filter alone decides on the probe's stack record: what it keeps is written with
+    /// its header (written after the filter when the filter reads no common field), and a
+    /// filter on a common field sees the header it reads.
+    #[test]
+    fn the_filter_only_probe_path_keeps_what_passes_with_its_header() {
+        let fs = crate::tracefs();
+        let inst = "unit_filtered_probe";
+        let _ = tracing().remove_instance(inst);
+        tracing().create_instance(inst).unwrap();
+        let file = |f: &str| format!("instances/{inst}/events/unit_event_file/filtered_probe/{f}");
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        fs.write_file(&file("enable"), "1").unwrap();
+        fs.write_file(&file("filter"), "a == 5 || b == 7").unwrap();
+        filtered_probe::trace(5, 1);
+        filtered_probe::trace(6, 1);
+        filtered_probe::trace(6, 7);
+        fs.write_file(&file("filter"), &format!("common_pid == {tid} && a == 8"))
+            .unwrap();
+        filtered_probe::trace(8, 0);
+        filtered_probe::trace(9, 0);
+        fs.write_file(&file("filter"), &format!("common_pid != {tid}"))
+            .unwrap();
+        filtered_probe::trace(8, 1);
+        fs.write_file(&file("filter"), "0").unwrap();
+        filtered_probe::trace(10, 2);
+        fs.write_file(&file("enable"), "0").unwrap();
+        let trace = fs
+            .read_to_string(&format!("instances/{inst}/trace"))
+            .unwrap();
+        let lines: Vec<&str> = trace
+            .lines()
+            .filter(|l| l.contains("filtered_probe:"))
+            .collect();
+        let fields: Vec<&str> = lines
+            .iter()
+            .map(|l| l.split("filtered_probe: ").nth(1).unwrap())
+            .collect();
+        assert_eq!(
+            fields,
+            ["a=5 b=1", "a=6 b=7", "a=8 b=0", "a=10 b=2"],
+            "{trace}"
+        );
+        assert!(
+            lines.iter().all(|l| l.contains(&format!("-{tid} "))),
+            "{trace}"
+        );
+        tracing().remove_instance(inst).unwrap();
+    }
+
+    crate::trace_event! {
+        /// Held in soft mode by a conditional trigger.
+        fn unit_event_file::triggered_probe(a: u64) {
+            a: u64 = a,
+        }
+        print "a=%llu", a;
+    }
+
+    /// A soft-disabled event whose triggers are all conditional takes the record path
+    /// straight from its probe: its triggers see the record, which is not kept, and a pid
+    /// filter still stops it first.
+    #[test]
+    fn conditional_triggers_of_a_soft_disabled_event_see_the_record_unless_pid_filtered() {
+        let fs = crate::tracefs();
+        let inst = "unit_triggered_probe";
+        let _ = tracing().remove_instance(inst);
+        tracing().create_instance(inst).unwrap();
+        let path = |f: &str| format!("instances/{inst}/{f}");
+        let trigger = path("events/unit_event_file/triggered_probe/trigger");
+        fs.write_file(&trigger, "traceoff if a == 3").unwrap();
+        let on = || fs.read_to_string(&path("tracing_on")).unwrap();
+        triggered_probe::trace(2);
+        assert_eq!(on(), "1\n");
+        triggered_probe::trace(3);
+        assert_eq!(on(), "0\n");
+        fs.write_file(&path("tracing_on"), "1").unwrap();
+        // SAFETY: getpid has no arguments and cannot fail.
+        let other = unsafe { libc::getpid() } + 1_000_000;
+        fs.write_file(&path("set_event_pid"), &other.to_string())
+            .unwrap();
+        triggered_probe::trace(3);
+        assert_eq!(on(), "1\n");
+        fs.write_file(&path("set_event_pid"), "").unwrap();
+        fs.write_file(&trigger, "!traceoff if a == 3").unwrap();
+        let trace = fs.read_to_string(&path("trace")).unwrap();
+        assert!(!trace.contains("triggered_probe:"), "{trace}");
+        tracing().remove_instance(inst).unwrap();
     }
 }

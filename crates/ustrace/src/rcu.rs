@@ -1,4 +1,4 @@
-//! Read-copy-update for the hot path: readers pay two thread-local stores, writers wait.
+//! Read-copy-update for the hot path: readers pay two stores to a thread-local slot, writers wait.
 //!
 //! Everything a traced thread looks at while recording an event — the probe array of a
 //! tracepoint, an event's filter program, its triggers — is published through a pointer and
@@ -12,7 +12,7 @@
 //!  reader (any thread)                         writer (cold path)
 //!  ───────────────────                         ──────────────────
 //!  slot.ctr = GP          ─┐                   publish new pointer
-//!  compiler fence          │ section           GP += 1                    (new = GP)
+//!  compiler fence          │ section           GP += 2                    (new = GP)
 //!  p = load(pointer)       │                   membarrier()  ── every running thread
 //!  ... use *p ...          │                                   executes a full fence
 //!  slot.ctr = 0           ─┘                   for each slot: wait until ctr == 0
@@ -26,9 +26,11 @@
 //! it), or the reader's later pointer load comes after the fence and sees the new pointer.
 //! A reader whose `ctr` holds the new grace-period number started after the bump and so can
 //! only see the new pointer. Sections nest (a signal handler that traces while its thread was
-//! tracing), and only the outermost one touches `ctr`.
+//! tracing), and only the outermost one touches `ctr`: a section that finds `ctr` set is nested.
 //!
-//! Where membarrier is not available, readers fall back to a real `SeqCst` fence.
+//! Where membarrier is not available, readers fall back to a real `SeqCst` fence. Which of
+//! the two they need is bit 0 of `GP` itself (the counter steps by 2), so entering a section
+//! reads one shared word.
 //!
 //! Each thread owns one cache-line-sized `Slot`, registered on its first section and
 //! returned to a free list when the thread exits, so threads never share a line on the hot
@@ -38,8 +40,12 @@ use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
 
-/// The grace-period counter. Starts at 1 so that 0 can mean "not in a section".
-static GP: AtomicU64 = AtomicU64::new(1);
+/// The grace-period counter, never 0 (which means "not in a section"). It steps by 2; its
+/// bit 0 is [`GP_FENCE`].
+static GP: AtomicU64 = AtomicU64::new(2 | GP_FENCE);
+/// Set in `GP` while readers must fence themselves: until `init` has registered
+/// membarrier, and for good where it cannot.
+const GP_FENCE: u64 = 1;
 /// Whether `membarrier(PRIVATE_EXPEDITED)` is registered; otherwise readers fence themselves.
 static MEMBARRIER: AtomicBool = AtomicBool::new(false);
 static INIT: Once = Once::new();
@@ -52,17 +58,11 @@ static REGISTRY: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
 #[repr(align(64))]
 struct Slot {
     /// 0 outside a section; otherwise the grace period the outermost section began in.
+    /// Written only by the thread that owns the slot (and reset when it leaves).
     ctr: AtomicU64,
-    /// Section depth; only the owning thread touches it.
-    nesting: Cell<u32>,
     /// Whether a live thread owns this slot.
     owned: AtomicBool,
 }
-
-// SAFETY: `nesting` is only read and written by the thread that owns the slot (the slot is
-// handed to one thread at a time through the registry lock); other threads read only the
-// atomics.
-unsafe impl Sync for Slot {}
 
 thread_local! {
     static SLOT: Cell<Option<&'static Slot>> = const { Cell::new(None) };
@@ -75,7 +75,6 @@ struct SlotRelease;
 impl Drop for SlotRelease {
     fn drop(&mut self) {
         if let Ok(Some(slot)) = SLOT.try_with(|s| s.take()) {
-            slot.nesting.set(0);
             slot.ctr.store(0, Ordering::Release);
             slot.owned.store(false, Ordering::Release);
         }
@@ -94,6 +93,10 @@ fn init() {
             )
         };
         MEMBARRIER.store(rc == 0, Ordering::SeqCst);
+        if rc == 0 {
+            // Readers enter sections only after `init`, so none has used the fenced value.
+            GP.fetch_and(!GP_FENCE, Ordering::SeqCst);
+        }
         // SAFETY: the handler is a plain function that only touches atomics and the registry.
         unsafe {
             libc::pthread_atfork(None, None, Some(after_fork_in_child));
@@ -133,7 +136,6 @@ fn register_thread() -> &'static Slot {
             None => {
                 let slot: &'static Slot = Box::leak(Box::new(Slot {
                     ctr: AtomicU64::new(0),
-                    nesting: Cell::new(0),
                     owned: AtomicBool::new(true),
                 }));
                 slots.push(slot);
@@ -159,7 +161,9 @@ fn slot() -> &'static Slot {
 
 /// A read-side section; the protected data may be used until it is dropped.
 pub struct ReadGuard {
-    slot: &'static Slot,
+    /// The thread's slot when this guard opened the outermost section (and closes it);
+    /// `None` for a nested one.
+    outer: Option<&'static Slot>,
     // Not Send: the section belongs to the thread that entered it.
     _not_send: std::marker::PhantomData<*const ()>,
 }
@@ -168,19 +172,20 @@ pub struct ReadGuard {
 #[inline(always)]
 pub fn read_lock() -> ReadGuard {
     let slot = slot();
-    let depth = slot.nesting.get();
-    if depth == 0 {
-        slot.ctr
-            .store(GP.load(Ordering::Acquire), Ordering::Relaxed);
-        if MEMBARRIER.load(Ordering::Relaxed) {
+    // Only this thread writes its `ctr`. A signal handler that enters a section between the
+    // load and the store leaves `ctr` at 0 again before this code resumes.
+    let outer = slot.ctr.load(Ordering::Relaxed) == 0;
+    if outer {
+        let gp = GP.load(Ordering::Acquire);
+        slot.ctr.store(gp, Ordering::Relaxed);
+        if gp & GP_FENCE == 0 {
             compiler_fence(Ordering::SeqCst);
         } else {
             fence(Ordering::SeqCst);
         }
     }
-    slot.nesting.set(depth + 1);
     ReadGuard {
-        slot,
+        outer: outer.then_some(slot),
         _not_send: std::marker::PhantomData,
     }
 }
@@ -188,11 +193,9 @@ pub fn read_lock() -> ReadGuard {
 impl Drop for ReadGuard {
     #[inline(always)]
     fn drop(&mut self) {
-        let depth = self.slot.nesting.get() - 1;
-        self.slot.nesting.set(depth);
-        if depth == 0 {
+        if let Some(slot) = self.outer {
             compiler_fence(Ordering::SeqCst);
-            self.slot.ctr.store(0, Ordering::Release);
+            slot.ctr.store(0, Ordering::Release);
         }
     }
 }
@@ -200,8 +203,11 @@ impl Drop for ReadGuard {
 /// Whether the calling thread is inside a read-side section (then [`synchronize`] would wait
 /// for itself).
 pub fn in_read_section() -> bool {
-    SLOT.try_with(|s| s.get().is_some_and(|slot| slot.nesting.get() > 0))
-        .unwrap_or(false)
+    SLOT.try_with(|s| {
+        s.get()
+            .is_some_and(|slot| slot.ctr.load(Ordering::Relaxed) != 0)
+    })
+    .unwrap_or(false)
 }
 
 fn full_barrier_on_all_threads() {
@@ -233,7 +239,7 @@ pub fn synchronize() {
     );
     init();
     let _writer = WRITERS.lock().unwrap_or_else(|e| e.into_inner());
-    let new_gp = GP.fetch_add(1, Ordering::SeqCst) + 1;
+    let new_gp = GP.fetch_add(2, Ordering::SeqCst) + 2;
     full_barrier_on_all_threads();
     let slots: Vec<&'static Slot> = REGISTRY.lock().unwrap_or_else(|e| e.into_inner()).clone();
     for slot in slots {
@@ -288,6 +294,21 @@ impl<T: Send + Sync> RcuCell<T> {
         unsafe { ptr.as_ref() }
     }
 
+    /// The current value, for a caller that is inside a read-side section it holds no guard
+    /// of (a tracepoint probe, which runs only inside the section of the tracepoint's call):
+    /// what [`RcuCell::get`] gives, without entering a nested section.
+    ///
+    /// # Safety
+    /// The calling thread must be inside a read-side section, and must not use the value
+    /// after that section ends.
+    #[inline(always)]
+    pub unsafe fn get_in_section(&self) -> Option<&T> {
+        debug_assert!(in_read_section());
+        let ptr = self.ptr.load(Ordering::Acquire);
+        // SAFETY: the caller's section keeps a published value from being freed.
+        unsafe { ptr.as_ref() }
+    }
+
     /// Publishes `value` (or nothing) and frees the previous value once no reader can see it.
     pub fn replace(&self, value: Option<T>) {
         let fresh = value.map_or(std::ptr::null_mut(), |v| Box::into_raw(Box::new(v)));
@@ -332,6 +353,48 @@ mod tests {
         drop(a);
         assert!(!in_read_section());
         synchronize();
+    }
+
+    /// A nested section that ends leaves the outer one open: a grace period that starts
+    /// after it still waits for the outer section to end.
+    #[test]
+    fn a_grace_period_waits_for_the_outer_section_after_a_nested_one_ends() {
+        use std::sync::mpsc;
+        let (entered, wait_entered) = mpsc::channel();
+        let (release, wait_release) = mpsc::channel::<()>();
+        let left = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let left = left.clone();
+            std::thread::spawn(move || {
+                let outer = read_lock();
+                drop(read_lock());
+                assert!(in_read_section());
+                entered.send(()).unwrap();
+                wait_release.recv().unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                left.store(true, Ordering::SeqCst);
+                drop(outer);
+            })
+        };
+        wait_entered.recv().unwrap();
+        release.send(()).unwrap();
+        synchronize();
+        assert!(
+            left.load(Ordering::SeqCst),
+            "the grace period ended inside the section"
+        );
+        reader.join().unwrap();
+    }
+
+    /// The fence bit of the grace-period counter says what readers need: clear exactly when
+    /// membarrier is registered, and kept by every grace period.
+    #[test]
+    fn the_counter_says_whether_readers_fence() {
+        synchronize();
+        let fenced = GP.load(Ordering::SeqCst) & GP_FENCE != 0;
+        assert_eq!(fenced, !MEMBARRIER.load(Ordering::SeqCst));
+        synchronize();
+        assert_eq!(GP.load(Ordering::SeqCst) & GP_FENCE != 0, fenced);
     }
 
     /// Readers on more threads than cores dereference a published value while a writer keeps

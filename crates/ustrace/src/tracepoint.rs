@@ -263,9 +263,12 @@ impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
         // SAFETY: a published array is freed only after a grace period that cannot end while
         // this section is open.
         let probes = unsafe { &*array };
-        for &probe in probes.calls.iter() {
+        match probes.calls[..] {
+            // One probe, the common case: a call with the arguments still in their registers,
+            // and no loop state to keep in saved registers around it.
             // SAFETY: `_owners` in the same array keeps every closure alive.
-            call(unsafe { &*probe });
+            [only] => call(unsafe { &*only }),
+            _ => call_each(&probes.calls, call),
         }
     }
 
@@ -410,6 +413,17 @@ impl<P: ?Sized + 'static> fmt::Debug for Tracepoint<P> {
     }
 }
 
+/// Calls every probe of an array of several, out of line so that the one-probe call in
+/// [`Tracepoint::for_each_probe`] keeps no loop state across its call.
+#[inline(never)]
+fn call_each<P: ?Sized>(calls: &[*const P], mut call: impl FnMut(&P)) {
+    for &probe in calls {
+        // SAFETY: the caller holds a read-side section, and `_owners` in the array `calls`
+        // belongs to keeps every closure alive.
+        call(unsafe { &*probe });
+    }
+}
+
 /// Reclaims what a tracepoint retired, for [`synchronize_unregister`].
 pub trait Reap: Sync {
     /// Frees probe arrays that no reader can still see.
@@ -551,7 +565,9 @@ macro_rules! __tracepoint_items {
         #[inline(never)]
         #[cold]
         fn __call_probes($($arg: $ty),*) {
-            TRACEPOINT.for_each_probe(|probe| probe($($arg),*));
+            // `move`: the closure holds the arguments, not their addresses, so they need no
+            // home in memory on the one-probe path.
+            TRACEPOINT.for_each_probe(move |probe| probe($($arg),*));
         }
 
         /// Attaches a probe closure; higher `prio` runs first.

@@ -184,6 +184,17 @@ macro_rules! trace_event {
                     $crate::trace_event!(@record direct; $($field: $fty = $value),*)
                 }
 
+                /// The probe when the event's filter is its only check: build on the stack,
+                /// filter, write only what passes.
+                #[inline(never)]
+                #[allow(clippy::too_many_arguments)]
+                fn __probe_filtered(
+                    filtered: $crate::event_file::Filtered<'_>,
+                    $($arg: $aty),*
+                ) {
+                    $crate::trace_event!(@record filtered; $($field: $fty = $value),*)
+                }
+
                 /// The probe when the event needs a check first: a filter, a cpu mask, stack
                 /// options; triggers, soft-disable and a pid filter go on to `__probe_wanted`
                 /// (a tail call again, so this frame stays small).
@@ -213,11 +224,22 @@ macro_rules! trace_event {
                     }
                 }
 
-                // One flag test, then a tail call with the arguments still in registers:
-                // neither path pays for the registers and frame of the other.
-                register(0, move |$($arg: $aty),*| match file.direct() {
-                    Some(direct) => __probe_direct(direct, $($arg),*),
-                    None => __probe_checked(&file, $($arg),*),
+                // One flag load, then a tail call with the arguments still in registers:
+                // no path pays for the registers and frame of another.
+                register(0, move |$($arg: $aty),*| match {
+                    // SAFETY: this closure is a tracepoint probe: it runs only from
+                    // `Tracepoint::for_each_probe`, inside the section of the tracepoint's
+                    // call, and the path is used before it returns.
+                    #[allow(unsafe_code)]
+                    unsafe { file.probe_path() }
+                } {
+                    $crate::event_file::ProbePath::Direct(direct) => {
+                        __probe_direct(direct, $($arg),*)
+                    }
+                    $crate::event_file::ProbePath::Filtered(filtered) => {
+                        __probe_filtered(filtered, $($arg),*)
+                    }
+                    $crate::event_file::ProbePath::Checked => __probe_checked(&file, $($arg),*),
                 })
             }
 

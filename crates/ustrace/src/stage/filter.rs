@@ -53,6 +53,9 @@ pub struct Compiled {
     program: Program,
     needs_comm: bool,
     needs_cpu: bool,
+    /// An integer-only program that reads no common field: it decides on a record whose
+    /// header is not written yet.
+    headerless: bool,
 }
 
 impl Compiled {
@@ -61,6 +64,7 @@ impl Compiled {
         Compiled {
             needs_comm: program.needs_comm(),
             needs_cpu: program.needs_cpu(),
+            headerless: program.reads_from() >= crate::event::field::COMMON_SIZE,
             program,
         }
     }
@@ -68,6 +72,24 @@ impl Compiled {
     /// The filter as written, as the `filter` file shows it.
     pub fn text(&self) -> &str {
         self.program.text()
+    }
+
+    /// The lowest record offset the filter reads (see `Program::reads_from`): a record
+    /// checked by a filter that reads no common field needs no header until it is kept.
+    #[inline]
+    pub fn reads_from(&self) -> usize {
+        self.program.reads_from()
+    }
+
+    /// [`Compiled::matches`] for a record whose common header is not written yet, when the
+    /// program can decide without it (integer fields only, none of them common, and the
+    /// record long enough for every load): no context, no call. `None` otherwise.
+    #[inline(always)]
+    pub fn matches_headerless(&self, record: &[u8]) -> Option<bool> {
+        if !self.headerless {
+            return None;
+        }
+        self.program.matches_fields_only(record)
     }
 
     /// Whether `record` passes, with this thread's CPU and name as context; those are
