@@ -230,7 +230,6 @@ macro_rules! trace_event {
                     // SAFETY: this closure is a tracepoint probe: it runs only from
                     // `Tracepoint::for_each_probe`, inside the section of the tracepoint's
                     // call, and the path is used before it returns.
-                    #[allow(unsafe_code)]
                     unsafe { file.probe_path() }
                 } {
                     $crate::event_file::ProbePath::Direct(direct) => {
