@@ -103,19 +103,16 @@ pub fn set_walk_guard(guard: WalkGuard) {
     let _ = WALK_GUARD.set(guard);
 }
 
-/// Runs `walk` between the guard's two halves, when a guard is installed.
+/// Runs the guard's first half, when a guard is installed. The walk itself must be called
+/// by the capturing function directly (not from a closure): an extra frame would shift what
+/// `skip` counts in builds that do not inline.
 #[inline(always)]
-fn guarded<R>(walk: impl FnOnce() -> R) -> R {
-    match WALK_GUARD.get() {
-        None => walk(),
-        Some(g) => {
-            let mut token = [0u64; 6];
-            (g.begin)(&mut token);
-            let r = walk();
-            (g.end)(&token);
-            r
-        }
+fn guard_begin(token: &mut WalkToken) -> Option<&'static WalkGuard> {
+    let guard = WALK_GUARD.get();
+    if let Some(g) = guard {
+        (g.begin)(token);
     }
+    guard
 }
 
 /// Fills `out` with the return addresses of the current thread's stack,
@@ -134,10 +131,13 @@ pub fn capture(skip: usize, out: &mut [usize]) -> usize {
         out,
         n: 0,
     };
-    guarded(|| {
-        // SAFETY: the callback only uses the collector for the duration of the call.
-        unsafe { _Unwind_Backtrace(collect, &mut c as *mut Collector<'_> as *mut c_void) };
-    });
+    let mut token = [0u64; 6];
+    let guard = guard_begin(&mut token);
+    // SAFETY: the callback only uses the collector for the duration of the call.
+    unsafe { _Unwind_Backtrace(collect, &mut c as *mut Collector<'_> as *mut c_void) };
+    if let Some(g) = guard {
+        (g.end)(&token);
+    }
     c.n
 }
 
@@ -151,7 +151,13 @@ pub fn capture_frame_pointers(skip: usize, out: &mut [usize]) -> usize {
     unsafe {
         std::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags))
     };
-    guarded(|| walk_frame_pointers(fp, skip, out))
+    let mut token = [0u64; 6];
+    let guard = guard_begin(&mut token);
+    let n = walk_frame_pointers(fp, skip, out);
+    if let Some(g) = guard {
+        (g.end)(&token);
+    }
+    n
 }
 
 fn walk_frame_pointers(mut fp: usize, skip: usize, out: &mut [usize]) -> usize {
