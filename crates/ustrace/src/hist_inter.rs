@@ -759,6 +759,7 @@ impl Prepared {
             TraceAction {
                 synth: pt.synth,
                 hold,
+                strings: pt.params.iter().any(|p| matches!(p, Param::RefStr { .. })),
                 stacks: pt
                     .params
                     .iter()

@@ -116,6 +116,11 @@ fn a_stack_fits_a_stack_field_and_nothing_else() {
         "hist:keys=next_pid:ts=common_timestamp.usecs,st=common_stacktrace if prev_state == 2\n",
     )
     .unwrap();
+    // The kernel's `hist_field_print` shows a stack variable without a modifier.
+    assert_eq!(
+        common::read(&trigger).unwrap(),
+        "hist:keys=next_pid:vals=hitcount:ts=common_timestamp.usecs,st=common_stacktrace:sort=hitcount:size=2048:clock=global if prev_state == 2 [active]\n"
+    );
     let refused = |body: &str, at: &str| {
         assert_eq!(
             common::append(&trigger, &format!("{body}\n")),

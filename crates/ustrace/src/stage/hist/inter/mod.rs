@@ -185,6 +185,8 @@ pub struct TraceAction {
     pub hold: SynthHold,
     /// One parameter per synthetic field, in order.
     pub params: Vec<Param>,
+    /// Some parameter is a [`Param::RefStr`] (found once, not per record).
+    pub strings: bool,
     /// Some parameter is a [`Param::RefStack`].
     pub stacks: bool,
 }
@@ -380,6 +382,16 @@ impl Inter {
         }
     }
 
+    /// Saves the calling thread's frames into each stack variable of the entry: out of
+    /// line, so triggers without one pay only the emptiness check.
+    #[cold]
+    #[inline(never)]
+    fn save_stacks(&self, elt: &Elt) {
+        for &first in &self.stack_vars {
+            save_stack(elt, first, &self.stack_skip.0);
+        }
+    }
+
     /// Copies the save variables' fields from `record` into the entry.
     fn save(&self, elt: &Elt, record: &[u8]) {
         for s in &self.save_vars {
@@ -484,8 +496,8 @@ impl HistHooks for Inter {
         for v in &self.string_vars {
             store_str(elt, v.first, v.words, v.read.str(record));
         }
-        for &first in &self.stack_vars {
-            save_stack(elt, first, &self.stack_skip.0);
+        if !self.stack_vars.is_empty() {
+            self.save_stacks(elt);
         }
         if self.actions.is_empty() {
             return;
@@ -523,11 +535,7 @@ impl TraceAction {
         }
         // Most synthetic events have a few fields and no string variable: fill only small
         // arrays for them.
-        let strings = self
-            .params
-            .iter()
-            .any(|p| matches!(p, Param::RefStr { .. }));
-        match (self.params.len() <= 8, strings) {
+        match (self.params.len() <= 8, self.strings) {
             (true, false) => self.fire_with::<8, 0, 0>(elt, key, record, vals),
             (true, true) => self.fire_with::<8, MAX_STR_PARAMS, 0>(elt, key, record, vals),
             (false, _) => self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }, MAX_STR_PARAMS, 0>(
