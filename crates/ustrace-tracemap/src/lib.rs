@@ -61,8 +61,14 @@
 //! - All elements live in one array of words (the kernel allocates each element and its parts
 //!   separately and reaches them through pointers); an element is found from its slot's index
 //!   by arithmetic, with no pointer to load.
-//! - Variables carry a "set" bit; [`Elt::take_var`] clears it with one atomic operation and
-//!   returns the value, so a variable reference consumes the variable as the kernel's does.
+//! - Each variable has a "set" word beside its value, as the kernel keeps a `var_set` flag per
+//!   variable: setting one is two plain stores (no read-modify-write, so no locked instruction
+//!   on the update path), and [`Elt::take_var`] clears the flag with one atomic swap and
+//!   returns the value, so a variable reference consumes the variable as the kernel's does and
+//!   of several takers exactly one gets it.
+//! - A caller that updates the same sums and variables on every record can resolve their
+//!   places once ([`TracingMap::val_at`], [`TracingMap::var_at`]) and reach them with one
+//!   bounds check each ([`Elt::add_at`], [`Elt::set_var_at`], ...).
 //!
 //! # Clearing while writers run
 //!
@@ -99,7 +105,7 @@ pub struct MapConfig {
     pub key_size: usize,
     /// `u64` sums per element (the hitcount is the caller's value 0).
     pub n_vals: usize,
-    /// `u64` variables per element, each with a "set" bit.
+    /// `u64` variables per element, each with a "set" flag.
     pub n_vars: usize,
 }
 
@@ -197,7 +203,7 @@ impl Drop for ClaimGuard<'_> {
 /// [`TracingMap::lookup`] or [`TracingMap::for_each`].
 ///
 /// It is a view of `stride` words of the map's one element array:
-/// `[shape][key words][vals][vars][var set bits]`. The shape word (written once by
+/// `[shape][key words][vals][(var, set flag) pairs]`. The shape word (written once by
 /// [`TracingMap::new`]) lets the element find its parts without a pointer back to the map, so
 /// reaching an element from its slot is arithmetic, not a load.
 #[repr(transparent)]
@@ -212,6 +218,18 @@ fn shape_word(cfg: &MapConfig) -> u64 {
 
 /// Words before an element's key: the shape word.
 const KEY_AT: usize = 1;
+
+/// Where one sum lives in the elements of the map that gave it ([`TracingMap::val_at`]): a
+/// word index, so an update reaches the sum without decoding the element's shape. Used with
+/// an element of another map it names some word of that element (or panics past its end):
+/// a wrong answer, never undefined behaviour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ValAt(usize);
+
+/// Where one variable (its value and set flag) lives in the elements of the map that gave
+/// it ([`TracingMap::var_at`]); see [`ValAt`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VarAt(usize);
 
 impl fmt::Debug for Elt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -397,15 +415,58 @@ impl Elt {
     }
 
     #[inline(always)]
-    fn var_slot(&self, var: usize) -> (&AtomicU64, &AtomicU64, u64) {
+    fn var_pos(&self, var: usize) -> VarAt {
         assert!(var < self.n_vars(), "variable index {var} out of range");
-        let vars = KEY_AT + self.key_words() + self.n_vals();
-        let bits = vars + self.n_vars();
-        (
-            &self.words[vars + var],
-            &self.words[bits + var / 64],
-            1u64 << (var % 64),
-        )
+        VarAt(KEY_AT + self.key_words() + self.n_vals() + 2 * var)
+    }
+
+    /// A variable's value word and its set flag (one bounds check for both).
+    #[inline(always)]
+    fn var_words(&self, at: VarAt) -> (&AtomicU64, &AtomicU64) {
+        match self.words.get(at.0..at.0 + 2) {
+            Some([value, set]) => (value, set),
+            _ => panic!("variable position {} out of range", at.0),
+        }
+    }
+
+    /// [`Elt::add`] at a place resolved by [`TracingMap::val_at`].
+    #[inline(always)]
+    pub fn add_at(&self, at: ValAt, amount: u64) {
+        self.words[at.0].fetch_add(amount, Ordering::Relaxed);
+    }
+
+    /// [`Elt::set_var`] at a place resolved by [`TracingMap::var_at`].
+    #[inline(always)]
+    pub fn set_var_at(&self, at: VarAt, v: u64) {
+        let (value, set) = self.var_words(at);
+        value.store(v, Ordering::Relaxed);
+        // Release: a reader that sees the flag sees the value stored before it. A plain
+        // store, not a read-modify-write: the flag word is this variable's alone.
+        set.store(1, Ordering::Release);
+    }
+
+    /// [`Elt::var`] at a place resolved by [`TracingMap::var_at`].
+    #[inline(always)]
+    pub fn var_at(&self, at: VarAt) -> Option<u64> {
+        let (value, set) = self.var_words(at);
+        if set.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(value.load(Ordering::Relaxed))
+    }
+
+    /// [`Elt::take_var`] at a place resolved by [`TracingMap::var_at`].
+    #[inline(always)]
+    pub fn take_var_at(&self, at: VarAt) -> Option<u64> {
+        let (value, set) = self.var_words(at);
+        if set.load(Ordering::Relaxed) == 0 {
+            // Not set: avoid the read-modify-write (and the cache-line ownership it takes).
+            return None;
+        }
+        if set.swap(0, Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(value.load(Ordering::Relaxed))
     }
 
     /// Adds `amount` to sum `val` (relaxed atomic add, wrapping).
@@ -436,36 +497,21 @@ impl Elt {
     /// Sets variable `var` to `v` and marks it set.
     #[inline]
     pub fn set_var(&self, var: usize, v: u64) {
-        let (value, bits, bit) = self.var_slot(var);
-        value.store(v, Ordering::Relaxed);
-        // Release: a reader that sees the bit sees the value stored before it.
-        bits.fetch_or(bit, Ordering::Release);
+        self.set_var_at(self.var_pos(var), v);
     }
 
     /// Variable `var`, or `None` when it has never been set (or was taken since).
     #[inline]
     pub fn var(&self, var: usize) -> Option<u64> {
-        let (value, bits, bit) = self.var_slot(var);
-        if bits.load(Ordering::Acquire) & bit == 0 {
-            return None;
-        }
-        Some(value.load(Ordering::Relaxed))
+        self.var_at(self.var_pos(var))
     }
 
-    /// Reads variable `var` and unsets it in one atomic step on the set bit: of several threads
+    /// Reads variable `var` and unsets it in one atomic step on the set flag: of several threads
     /// taking the same set variable, exactly one gets the value. A `set_var` running at the same
     /// time may have its value returned here and still leave the variable set.
     #[inline]
     pub fn take_var(&self, var: usize) -> Option<u64> {
-        let (value, bits, bit) = self.var_slot(var);
-        if bits.load(Ordering::Relaxed) & bit == 0 {
-            // Not set: avoid the read-modify-write (and the cache-line ownership it takes).
-            return None;
-        }
-        if bits.fetch_and(!bit, Ordering::Acquire) & bit == 0 {
-            return None;
-        }
-        Some(value.load(Ordering::Relaxed))
+        self.take_var_at(self.var_pos(var))
     }
 
     /// Zeroes sums and variables (the key is rewritten by the next claim).
@@ -501,7 +547,7 @@ impl TracingMap {
             return Err(MapError::FieldsTooLarge);
         }
         let key_words = cfg.key_size.div_ceil(8);
-        let stride = KEY_AT + key_words + cfg.n_vals + cfg.n_vars + cfg.n_vars.div_ceil(64);
+        let stride = KEY_AT + key_words + cfg.n_vals + 2 * cfg.n_vars;
         let n = stride.checked_mul(cfg.max_elts).ok_or(MapError::NoMemory)?;
         let mut elt_words = Vec::new();
         elt_words
@@ -529,30 +575,67 @@ impl TracingMap {
         &self.cfg
     }
 
+    /// Where sum `val` lives in this map's elements, for [`Elt::add_at`]. Panics when `val`
+    /// is out of range, as [`Elt::add`] does.
+    pub fn val_at(&self, val: usize) -> ValAt {
+        assert!(val < self.cfg.n_vals, "value index {val} out of range");
+        ValAt(KEY_AT + self.key_words + val)
+    }
+
+    /// Where variable `var` lives in this map's elements, for [`Elt::set_var_at`] and the
+    /// other `*_at` accessors. Panics when `var` is out of range, as [`Elt::set_var`] does.
+    pub fn var_at(&self, var: usize) -> VarAt {
+        assert!(var < self.cfg.n_vars, "variable index {var} out of range");
+        VarAt(KEY_AT + self.key_words + self.cfg.n_vals + 2 * var)
+    }
+
     /// Finds `key`'s element or claims a new one for it. `None` when the pool is exhausted (a
     /// drop is counted), when a new key meets a [`clear`](Self::clear) under way, or when `key`
     /// is not `key_size` bytes long (neither counted).
     #[inline]
     pub fn insert(&self, key: &[u8]) -> Option<&Elt> {
-        self.find::<true>(key, hash_key(key))
+        self.insert_hashed(HashedKey::new(key))
     }
 
     /// Finds `key`'s element; never claims one.
     #[inline]
     pub fn lookup(&self, key: &[u8]) -> Option<&Elt> {
-        self.find::<false>(key, hash_key(key))
+        self.lookup_hashed(HashedKey::new(key))
     }
 
     /// [`TracingMap::insert`] of a key hashed already.
     #[inline]
     pub fn insert_hashed(&self, key: HashedKey<'_>) -> Option<&Elt> {
+        if let Some(elt) = self.at_home(key.bytes, key.hash) {
+            return Some(elt);
+        }
         self.find::<true>(key.bytes, key.hash)
     }
 
     /// [`TracingMap::lookup`] of a key hashed already.
     #[inline]
     pub fn lookup_hashed(&self, key: HashedKey<'_>) -> Option<&Elt> {
+        if let Some(elt) = self.at_home(key.bytes, key.hash) {
+            return Some(elt);
+        }
         self.find::<false>(key.bytes, key.hash)
+    }
+
+    /// The element of `key` when it is published in its home slot, the first a probe looks
+    /// at, where most keys of a table at most half full sit: inline, with none of the
+    /// probe loop's setup. `None` sends the caller to the full probe, which looks at the
+    /// home slot again (so a slot that changes meanwhile is judged there, as ever).
+    #[inline(always)]
+    fn at_home(&self, key: &[u8], hash: u64) -> Option<&Elt> {
+        let idx = (hash >> (64 - self.table_bits)) as usize;
+        let word = self.table.get(idx)?.load(Ordering::Acquire);
+        let tag = (hash as u32 | 1) as u64;
+        let elt_idx = word & IDX_MASK;
+        if word >> TAG_SHIFT != tag || elt_idx == 0 || elt_idx == DEAD {
+            return None;
+        }
+        let i = elt_idx as usize - 1;
+        (key.len() == self.cfg.key_size && self.key_matches(i, key)).then(|| self.elt(i))
     }
 
     /// New keys refused because the pool was exhausted, since creation or the last `clear`.
@@ -987,6 +1070,31 @@ mod tests {
         e.set_var(3, 12);
         assert_eq!(e.var(3), Some(12));
         assert_eq!(e.var(3), Some(12), "reading does not consume");
+    }
+
+    #[test]
+    fn resolved_places_reach_the_same_sums_and_variables() {
+        let m = map(4, 12, 3, 5);
+        let e = m.insert(&[7; 12]).unwrap();
+        e.add_at(m.val_at(2), 5);
+        e.add(2, 1);
+        assert_eq!(e.val(2), 6);
+        assert_eq!((e.val(0), e.val(1)), (0, 0));
+        e.set_var_at(m.var_at(4), 9);
+        assert_eq!(e.var(4), Some(9));
+        assert_eq!(e.var_at(m.var_at(3)), None, "its neighbour untouched");
+        e.set_var(3, 0);
+        assert_eq!(e.var_at(m.var_at(3)), Some(0), "a set zero is set");
+        assert_eq!(e.take_var_at(m.var_at(4)), Some(9));
+        assert_eq!(e.var(4), None, "taken through its place, gone by index too");
+        assert_eq!(e.take_var_at(m.var_at(4)), None);
+        assert_eq!(e.var(3), Some(0));
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn var_place_out_of_range_panics() {
+        map(2, 8, 1, 2).var_at(2);
     }
 
     #[test]

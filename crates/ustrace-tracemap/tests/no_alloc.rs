@@ -48,6 +48,7 @@ fn update_path_does_not_allocate() {
         n_vars: 2,
     })
     .unwrap();
+    let (hits, var1) = (map.val_at(0), map.var_at(1));
     let before = allocs();
     let mut sum = 0u64;
     for round in 0..3u64 {
@@ -63,6 +64,9 @@ fn update_path_does_not_allocate() {
                 e.update_max(2, round);
                 e.set_var(0, k);
                 sum += e.take_var(0).unwrap_or(0) + e.var(1).unwrap_or(0) + e.val(1);
+                e.add_at(hits, 1);
+                e.set_var_at(var1, k);
+                sum += e.var_at(var1).unwrap_or(0) + e.take_var_at(var1).unwrap_or(0);
             }
             if let Some(e) = map.lookup(&key) {
                 sum += e.val(0) + e.val(2);

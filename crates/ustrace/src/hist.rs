@@ -20,7 +20,7 @@
 //!   variable", as on a kernel where no trigger defines it.
 //! - [`crate::hist_inter::create`] turns the parsed `onmatch`/`onmax`/`onchange` handlers
 //!   and the variable references into the histogram's
-//!   [`HistHooks`](crate::stage::hist::HistHooks) and extra variable slots, after the
+//!   [`Inter`](crate::stage::hist::inter::Inter) and extra variable slots, after the
 //!   trigger is known not to exist yet (the kernel's `create_actions` runs there too).
 
 use std::collections::HashMap;

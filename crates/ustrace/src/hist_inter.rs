@@ -731,12 +731,7 @@ impl Prepared {
             let Some(t) = &r.var_ref else { continue };
             let read_once = reads_once(data, i);
             if t.hist == id {
-                refs.push(RefSlot {
-                    hist: None,
-                    var: t.idx,
-                    read_once,
-                    string: t.is_string,
-                });
+                refs.push(RefSlot::new(None, t.idx, read_once, t.is_string));
                 continue;
             }
             let entry = reg.iter().find(|e| e.id == t.hist);
@@ -746,26 +741,17 @@ impl Prepared {
                     counted.push(entry.id);
                 }
             }
-            refs.push(RefSlot {
-                hist: entry.and_then(|e| e.live()),
-                var: t.idx,
+            refs.push(RefSlot::new(
+                entry.and_then(|e| e.live()),
+                t.idx,
                 read_once,
-                string: t.is_string,
-            });
+                t.is_string,
+            ));
         }
         drop(reg);
         let trace = |pt: PTrace| {
             let hold = pt.synth.hold();
-            TraceAction {
-                synth: pt.synth,
-                hold,
-                strings: pt.params.iter().any(|p| matches!(p, Param::RefStr { .. })),
-                stacks: pt
-                    .params
-                    .iter()
-                    .any(|p| matches!(p, Param::RefStack { .. })),
-                params: pt.params,
-            }
+            TraceAction::new(pt.synth, hold, pt.params)
         };
         let actions: Vec<Action> = self
             .actions
@@ -985,12 +971,8 @@ pub fn create(
     let mut inter = prepared.build(&t, &data);
     inter.string_vars = string_vars;
     inter.stack_vars = stack_vars;
-    let hooks: Option<Arc<dyn crate::stage::hist::HistHooks>> = if inter.is_empty() {
-        None
-    } else {
-        Some(Arc::new(inter))
-    };
-    let made = Hist::new(data.clone(), extra, hooks);
+    let inter = (!inter.is_empty()).then_some(inter);
+    let made = Hist::new(data.clone(), extra, inter);
     let Ok(hist) = made else {
         release_id(t.id, &data);
         return Err(HistError::silent(ustrace_filter::hist::ENOMEM));

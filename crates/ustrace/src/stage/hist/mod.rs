@@ -22,15 +22,19 @@
 //! # Hook points for inter-event support
 //!
 //! Variables defined on this trigger (`ts0=common_timestamp`) are stored here, in the
-//! element's variable slot `HistField::var_idx` ([`Elt::set_var`]), on every update. What
-//! needs other events is left to a [`HistHooks`] the histogram is built with
-//! ([`Hist::new`]):
-//! - [`HistHooks::resolve_refs`] runs before the insert when the trigger has variable
+//! element's variable slot `HistField::var_idx` ([`Elt::set_var`](ustrace_tracemap::Elt::set_var)), on every update. The
+//! places of the hitcount, sums and variables in an element are resolved once, when the
+//! histogram is made, so an update reaches each with one bounds check. What needs other
+//! events is left to the [`Inter`] the histogram is built with ([`Hist::new`]), called
+//! directly (no dynamic dispatch on the update path):
+//! - [`Inter::resolve_cross`] runs before the insert when the trigger has variable
 //!   references (`HistData::var_refs`): it fills `refs[i]` for reference `i` (read from
 //!   the defining histogram's element with the same key) and may veto the update, as the
 //!   kernel's `resolve_var_refs`. Expressions read reference `i` as `refs[i]`.
-//! - [`HistHooks::after_update`] runs after the element is updated, with the key, the
+//! - [`Inter::after_update`] runs after the element is updated, with the key, the
 //!   element and the references: actions (`onmatch().trace()`, `onmax().save()`) go there.
+//!   References to this trigger's own variables that the update has just computed are
+//!   passed as computed, not read back from the element.
 //! - [`Hist::extra_vars`] reserves variable slots beyond the trigger's own (field
 //!   variables, tracking variables), numbered from `HistData::n_vars`.
 
@@ -43,9 +47,10 @@ use std::sync::Arc;
 
 use ustrace_filter::hist::{self as syntax, flags, DivBy, HistData, HistField, Op};
 use ustrace_filter::FieldClass;
-use ustrace_tracemap::{Elt, HashedKey, MapConfig, TracingMap};
+use ustrace_tracemap::{HashedKey, MapConfig, TracingMap, ValAt, VarAt};
 
 use crate::event::field::read_int;
+use crate::stage::hist::inter::Inter;
 
 pub use syntax::{KEY_SIZE_MAX, STACKTRACE_DEPTH, STR_MAX};
 
@@ -78,33 +83,6 @@ pub(crate) fn calibrate_stack_skip(skip_slot: &AtomicUsize) -> usize {
         .unwrap_or(0);
     skip_slot.store(skip, Ordering::Relaxed);
     skip
-}
-
-/// What inter-event support adds to a histogram's update (see the module doc).
-pub trait HistHooks: Send + Sync {
-    /// Fills the variable references of a record with key `key` (hashed once for the
-    /// update and every map it is looked up in); `false` skips the update (a referenced
-    /// variable is not set).
-    fn resolve_refs(&self, _hist: &Hist, _key: HashedKey<'_>, _refs: &mut [u64]) -> bool {
-        true
-    }
-    /// Runs after the element of `key` was updated for `record`. `refs` holds the
-    /// resolved references and is the hook's to fill further (its own references), so
-    /// no copy of it is made per record.
-    fn after_update(
-        &self,
-        _hist: &Hist,
-        _elt: &Elt,
-        _key: HashedKey<'_>,
-        _record: &[u8],
-        _refs: &mut [u64],
-    ) {
-    }
-    /// Appends what an entry's line shows after its values (`onmax`'s `max:` and saved
-    /// fields), before the newline.
-    fn print_entry(&self, _hist: &Hist, _entry: &show::Entry, _out: &mut String) {}
-    /// Appends what follows the entries, before `Totals:` (a snapshot's details).
-    fn print_after_entries(&self, _hist: &Hist, _out: &mut String) {}
 }
 
 /// How a compiled field gets its value from a record.
@@ -152,6 +130,20 @@ struct Ctx<'a> {
     refs: &'a [u64],
     usecs: bool,
     clock: ustrace_ringbuf::clock::Clock,
+}
+
+impl Ctx<'_> {
+    /// `common_timestamp` (`.usecs` when the trigger says so).
+    #[inline(always)]
+    fn timestamp(&self) -> u64 {
+        let ns = ustrace_ringbuf::clock::now(self.clock);
+        // `.usecs` converts only a clock that counts nanoseconds, as the kernel's.
+        if self.usecs && self.clock.in_nanos() {
+            (ns + 500) / 1000
+        } else {
+            ns
+        }
+    }
 }
 
 impl Ev {
@@ -207,6 +199,8 @@ impl Ev {
             Ev::Int(at) => at.read(ctx.record),
             Ev::VarRef(i) => ctx.refs.get(*i).copied().unwrap_or(0),
             Ev::Const(c) => *c,
+            // A latency's `common_timestamp - $ts0` reaches the clock with no second call.
+            Ev::Timestamp => ctx.timestamp(),
             _ => self.eval_node(ctx),
         }
     }
@@ -218,15 +212,7 @@ impl Ev {
             Ev::One => 1,
             // Fixed-size loads: `read_int`'s copy of a run-time length is a `memcpy` call.
             Ev::Int(at) => at.read(ctx.record),
-            Ev::Timestamp => {
-                let ns = ustrace_ringbuf::clock::now(ctx.clock);
-                // `.usecs` converts only a clock that counts nanoseconds, as the kernel's.
-                if ctx.usecs && ctx.clock.in_nanos() {
-                    (ns + 500) / 1000
-                } else {
-                    ns
-                }
-            }
+            Ev::Timestamp => ctx.timestamp(),
             Ev::Cpu => ustrace_ringbuf::cpu::current_cpu() as u64,
             Ev::Pid => IntAt(4, 4, true).read(ctx.record),
             Ev::VarRef(i) => ctx.refs.get(*i).copied().unwrap_or(0),
@@ -274,17 +260,24 @@ pub struct Hist {
     /// Variable slots reserved past the trigger's own (for inter-event support).
     pub extra_vars: usize,
     keys: Vec<KeyPart>,
-    /// `(sum index, evaluator)` of each value after hitcount.
-    sums: Vec<(usize, Ev)>,
-    /// `(variable index, evaluator)` of each variable defined on values and keys.
-    vars: Vec<(usize, Ev)>,
+    /// Where the hitcount (sum 0) lives in an element.
+    hits: ValAt,
+    /// `(place, evaluator)` of each value after hitcount.
+    sums: Vec<(ValAt, Ev)>,
+    /// `(variable index, place, evaluator)` of each variable defined on values and keys.
+    vars: Vec<(usize, VarAt, Ev)>,
+    /// `(reference, entry of vars)`: references to this trigger's own variables that every
+    /// update computes, passed to the actions as computed.
+    own_refs: Vec<(usize, usize)>,
+    /// The references `own_refs` covers, one bit each (references 0..64).
+    own_refs_mask: u64,
     /// One numeric key: no compound key to assemble.
     single_num_key: bool,
     /// Plain integer fields only (one key, sums, no variables, no hooks): the update
     /// reads them straight from the record, without the evaluator.
     plain: Option<Plain>,
     /// Inter-event support, when the trigger needs it.
-    pub hooks: Option<Arc<dyn HistHooks>>,
+    pub inter: Option<Arc<Inter>>,
     /// Frames of ustrace's record path above the function that hit the tracepoint, for
     /// stacktrace keys: found once, by name, on the first such key (the kernel skips a
     /// fixed count of its own frames; ours depend on inlining and on the producer, a probe
@@ -343,7 +336,7 @@ impl IntAt {
 #[derive(Debug)]
 struct Plain {
     key: IntAt,
-    sums: Vec<(usize, IntAt)>,
+    sums: Vec<(ValAt, IntAt)>,
 }
 
 fn plain_int(ev: &Ev) -> Option<IntAt> {
@@ -360,11 +353,7 @@ pub struct NoMemory;
 impl Hist {
     /// Compiles `data` and allocates its table (`size=` entries, `extra_vars` variable
     /// slots past the trigger's own).
-    pub fn new(
-        data: HistData,
-        extra_vars: usize,
-        hooks: Option<Arc<dyn HistHooks>>,
-    ) -> Result<Hist, NoMemory> {
+    pub fn new(data: HistData, extra_vars: usize, inter: Option<Inter>) -> Result<Hist, NoMemory> {
         let bits = if data.attrs.map_bits != 0 {
             data.attrs.map_bits
         } else {
@@ -400,13 +389,34 @@ impl Hist {
             .collect();
         let mut sums = Vec::new();
         let mut vars = Vec::new();
+        let n_vars = map.config().n_vars;
         for (i, f) in data.vals().iter().enumerate().skip(1) {
             if f.has(flags::VAR) {
-                vars.push((f.var_idx, Ev::compile(f)));
+                // The parser numbers variables below `n_vars`; one that is not is never
+                // stored (as `set_var` would refuse it), not a panic on the update path.
+                if f.var_idx < n_vars {
+                    vars.push((f.var_idx, map.var_at(f.var_idx), Ev::compile(f)));
+                }
             } else {
-                sums.push((i, Ev::compile(f)));
+                sums.push((map.val_at(i), Ev::compile(f)));
             }
         }
+        let hits = map.val_at(0);
+        let mut own_refs = Vec::new();
+        let mut own_refs_mask = 0u64;
+        if let Some(inter) = &inter {
+            for (i, r) in inter.refs.iter().enumerate() {
+                if r.hist.is_some() || i >= 64 {
+                    continue;
+                }
+                let computed = vars.iter().position(|(v, _, _)| *v == r.var);
+                if let Some(j) = computed.filter(|&j| j < syntax::VARS_MAX) {
+                    own_refs.push((i, j));
+                    own_refs_mask |= 1 << i;
+                }
+            }
+        }
+        let hooks = inter.map(Arc::new);
         let single_num_key = keys.len() == 1 && matches!(keys[0].kind, KeyKind::Num(_));
         let plain = match (&keys[..], vars.is_empty() && hooks.is_none()) {
             (
@@ -433,10 +443,13 @@ impl Hist {
             map,
             extra_vars,
             keys,
+            hits,
             sums,
             vars,
+            own_refs,
+            own_refs_mask,
             single_num_key,
-            hooks,
+            inter: hooks,
         })
     }
 
@@ -463,9 +476,9 @@ impl Hist {
             let Some(elt) = self.map.insert(&key) else {
                 return;
             };
-            elt.add(0, 1);
-            for (i, f) in &plain.sums {
-                elt.add(*i, f.read(record));
+            elt.add_at(self.hits, 1);
+            for (at, f) in &plain.sums {
+                elt.add_at(*at, f.read(record));
             }
             return;
         }
@@ -504,33 +517,59 @@ impl Hist {
     #[inline]
     fn update_key(&self, key: &[u8], ctx: &Ctx<'_>) {
         let key = HashedKey::new(key);
+        if let Some(inter) = self.inter.as_deref() {
+            return self.update_inter(inter, key, ctx);
+        }
+        let Some(elt) = self.map.insert_hashed(key) else {
+            return;
+        };
+        elt.add_at(self.hits, 1);
+        for (at, ev) in &self.sums {
+            elt.add_at(*at, ev.eval(ctx));
+        }
+        for (_, at, ev) in &self.vars {
+            elt.set_var_at(*at, ev.eval(ctx));
+        }
+    }
+
+    /// [`Hist::update_key`] of a trigger with inter-event support: references resolved
+    /// before the insert, actions after the update.
+    #[inline]
+    fn update_inter(&self, inter: &Inter, key: HashedKey<'_>, ctx: &Ctx<'_>) {
         let mut refs = [0u64; syntax::VARS_MAX];
-        let hooks = self.hooks.as_deref();
-        if let Some(hooks) = hooks {
-            if !self.data.var_refs.is_empty() && !hooks.resolve_refs(self, key, &mut refs) {
-                return;
-            }
+        if !self.data.var_refs.is_empty() && !inter.resolve_cross(key, &mut refs) {
+            return;
         }
         let Some(elt) = self.map.insert_hashed(key) else {
             return;
         };
         let record = ctx.record;
-        let ctx = Ctx {
-            record: ctx.record,
-            refs: &refs,
-            usecs: ctx.usecs,
-            clock: ctx.clock,
-        };
-        elt.add(0, 1);
-        for (i, ev) in &self.sums {
-            elt.add(*i, ev.eval(&ctx));
+        let mut computed = [0u64; syntax::VARS_MAX];
+        {
+            let ctx = Ctx {
+                record,
+                refs: &refs,
+                usecs: ctx.usecs,
+                clock: ctx.clock,
+            };
+            elt.add_at(self.hits, 1);
+            for (at, ev) in &self.sums {
+                elt.add_at(*at, ev.eval(&ctx));
+            }
+            for (j, (_, at, ev)) in self.vars.iter().enumerate() {
+                let v = ev.eval(&ctx);
+                elt.set_var_at(*at, v);
+                if let Some(slot) = computed.get_mut(j) {
+                    *slot = v;
+                }
+            }
         }
-        for (i, ev) in &self.vars {
-            elt.set_var(*i, ev.eval(&ctx));
+        for &(i, j) in &self.own_refs {
+            if let (Some(slot), Some(&v)) = (refs.get_mut(i), computed.get(j)) {
+                *slot = v;
+            }
         }
-        if let Some(hooks) = hooks {
-            hooks.after_update(self, elt, key, record, &mut refs);
-        }
+        inter.after_update(elt, key, record, &mut refs, self.own_refs_mask);
     }
 }
 

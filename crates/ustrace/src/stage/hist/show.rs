@@ -268,13 +268,13 @@ pub fn section(att: &Attached, n: usize) -> String {
                 maxes[i],
             );
         }
-        if let Some(hooks) = &hist.hooks {
-            hooks.print_entry(hist, e, &mut out);
+        if let Some(inter) = &hist.inter {
+            inter.print_entry(e, &mut out);
         }
         out.push('\n');
     }
-    if let Some(hooks) = &hist.hooks {
-        hooks.print_after_entries(hist, &mut out);
+    if let Some(inter) = &hist.inter {
+        inter.print_snapshot(&mut out, &|key, out| print_key(&hist.data, key, out));
     }
     let _ = write!(
         out,

@@ -26,10 +26,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ustrace_filter::FieldClass;
-use ustrace_tracemap::{Elt, HashedKey};
+use ustrace_tracemap::{Elt, HashedKey, VarAt};
 
 use crate::buffers::Shared;
-use crate::stage::hist::{show, Hist, HistHooks, STACKTRACE_DEPTH};
+use crate::stage::hist::{show, Hist, STACKTRACE_DEPTH};
 use crate::synth::{SynthHold, SynthValue, Synthetic};
 
 /// Most variable references one trigger resolves per record (the kernel's
@@ -50,6 +50,38 @@ pub struct RefSlot {
     pub read_once: bool,
     /// The variable holds the address of a string kept in its entry.
     pub string: bool,
+    /// Where the variable lives in the defining histogram's elements, resolved once;
+    /// `None` for this trigger's own (or a variable that map does not have: never set).
+    at: Option<VarAt>,
+}
+
+impl RefSlot {
+    /// The variable in `map`'s element of `key` (taken, when read once).
+    #[inline(always)]
+    fn read(&self, map: &ustrace_tracemap::TracingMap, key: HashedKey<'_>) -> Option<u64> {
+        let elt = map.lookup_hashed(key)?;
+        let at = self.at?;
+        if self.read_once {
+            elt.take_var_at(at)
+        } else {
+            elt.var_at(at)
+        }
+    }
+
+    /// A reference to variable `var` of `hist` (`None`: this trigger's own).
+    pub fn new(hist: Option<Arc<Hist>>, var: usize, read_once: bool, string: bool) -> RefSlot {
+        let at = hist
+            .as_ref()
+            .filter(|h| var < h.map.config().n_vars)
+            .map(|h| h.map.var_at(var));
+        RefSlot {
+            hist,
+            var,
+            read_once,
+            string,
+            at,
+        }
+    }
 }
 
 /// How to read one field of the triggering record.
@@ -76,7 +108,7 @@ impl FieldRead {
 
     /// An integer field's value, sign-extended to 64 bits when signed (as the kernel's
     /// `hist_field_s32` and friends cast it).
-    #[inline]
+    #[inline(always)]
     pub fn int(&self, record: &[u8]) -> u64 {
         let Some(b) = record.get(self.offset..self.offset + self.size) else {
             return 0;
@@ -185,10 +217,13 @@ pub struct TraceAction {
     pub hold: SynthHold,
     /// One parameter per synthetic field, in order.
     pub params: Vec<Param>,
+    /// Every parameter an integer, at most 8, into an integers-only event: the action
+    /// takes [`TraceAction::fire_ints`], decided once here rather than on every match.
+    ints: bool,
     /// Some parameter is a [`Param::RefStr`] (found once, not per record).
-    pub strings: bool,
+    strings: bool,
     /// Some parameter is a [`Param::RefStack`].
-    pub stacks: bool,
+    stacks: bool,
 }
 
 /// A field `save()` copies into the entry.
@@ -304,14 +339,14 @@ impl Inter {
         for (i, r) in self.refs.iter().enumerate() {
             let Some(hist) = &r.hist else { continue };
             let map = &hist.map;
-            let found = with_key_len(key, map.config().key_size, |k| {
-                let elt = map.lookup_hashed(k)?;
-                if r.read_once {
-                    elt.take_var(r.var)
-                } else {
-                    elt.var(r.var)
-                }
-            });
+            // A map keyed as this one (the usual pair keyed by the same field) takes the
+            // key and its hash as they are, inline.
+            let key_size = map.config().key_size;
+            let found = if key.bytes().len() == key_size {
+                r.read(map, key)
+            } else {
+                with_key_len(key, key_size, |k| r.read(map, k))
+            };
             match (found, vals.get_mut(i)) {
                 (Some(v), Some(slot)) => *slot = v,
                 _ => return false,
@@ -321,11 +356,12 @@ impl Inter {
     }
 
     /// Resolves the references to this trigger's own variables from the updated entry,
-    /// never consuming them. `false` when one is unset: the actions do not run.
+    /// never consuming them, but those in `done` (one bit per reference), which the update
+    /// computed. `false` when one is unset: the actions do not run.
     #[inline]
-    pub fn resolve_own(&self, elt: &Elt, vals: &mut [u64]) -> bool {
+    pub fn resolve_own(&self, elt: &Elt, vals: &mut [u64], done: u64) -> bool {
         for (i, r) in self.refs.iter().enumerate() {
-            if r.hist.is_some() {
+            if r.hist.is_some() || (i < 64 && done & (1 << i) != 0) {
                 continue;
             }
             match (elt.var(r.var), vals.get_mut(i)) {
@@ -337,15 +373,16 @@ impl Inter {
     }
 
     /// Runs the actions after the entry `elt` (key `key`) was updated from `record`, with
-    /// the references' values in `vals` (own references resolved here).
+    /// the references' values in `vals` (own references not in `done` resolved here).
     pub(crate) fn run_actions(
         &self,
         elt: &Elt,
         key: HashedKey<'_>,
         record: &[u8],
         vals: &mut [u64],
+        done: u64,
     ) {
-        if self.actions.is_empty() || !self.resolve_own(elt, vals) {
+        if self.actions.is_empty() || !self.resolve_own(elt, vals, done) {
             return;
         }
         for action in &self.actions {
@@ -478,20 +515,19 @@ impl Inter {
     }
 }
 
-impl HistHooks for Inter {
+impl Inter {
+    /// Runs after the element of `key` was updated for `record`: the string variables are
+    /// copied into it, then the actions run. `refs` holds the resolved references (those
+    /// to own variables in `done` already computed) and is this stage's to fill further,
+    /// so no copy of it is made per record.
     #[inline]
-    fn resolve_refs(&self, _hist: &Hist, key: HashedKey<'_>, refs: &mut [u64]) -> bool {
-        self.resolve_cross(key, refs)
-    }
-
-    #[inline]
-    fn after_update(
+    pub fn after_update(
         &self,
-        _hist: &Hist,
         elt: &Elt,
         key: HashedKey<'_>,
         record: &[u8],
         refs: &mut [u64],
+        done: u64,
     ) {
         for v in &self.string_vars {
             store_str(elt, v.first, v.words, v.read.str(record));
@@ -502,26 +538,39 @@ impl HistHooks for Inter {
         if self.actions.is_empty() {
             return;
         }
-        self.run_actions(elt, key, record, refs);
-    }
-
-    fn print_entry(&self, _hist: &Hist, entry: &show::Entry, out: &mut String) {
-        Inter::print_entry(self, entry, out);
-    }
-
-    fn print_after_entries(&self, hist: &Hist, out: &mut String) {
-        self.print_snapshot(out, &|key, out| show::print_key(&hist.data, key, out));
+        self.run_actions(elt, key, record, refs, done);
     }
 }
 
 impl TraceAction {
+    /// An action generating `synth` from `params` (one per field), holding it with `hold`.
+    pub fn new(synth: Arc<Synthetic>, hold: SynthHold, params: Vec<Param>) -> TraceAction {
+        let ints = params.len() <= 8
+            && synth.ints_only()
+            && params.iter().all(|p| match p {
+                Param::Ref(_) => true,
+                Param::Field(f) => !f.is_string(),
+                Param::RefStr { .. } | Param::RefStack { .. } => false,
+            });
+        let strings = params.iter().any(|p| matches!(p, Param::RefStr { .. }));
+        let stacks = params.iter().any(|p| matches!(p, Param::RefStack { .. }));
+        TraceAction {
+            synth,
+            hold,
+            params,
+            ints,
+            strings,
+            stacks,
+        }
+    }
+
     /// Generates the synthetic event from the resolved references, the entry `elt` of
     /// `key` (for string variables) and the record.
     #[inline]
     fn fire(&self, elt: &Elt, key: HashedKey<'_>, record: &[u8], vals: &[u64]) {
         // The common case, latencies and ids: integer fields from references and integer
         // record fields, passed as plain words with no value kinds to check.
-        if self.params.len() <= 8 && self.synth.ints_only() && self.fire_ints(record, vals) {
+        if self.ints && self.fire_ints(record, vals) {
             return;
         }
         if self.stacks {
