@@ -574,13 +574,7 @@ impl TraceAction {
             return;
         }
         if self.stacks {
-            return if self.params.len() <= 8 {
-                self.fire_with::<8, MAX_STR_PARAMS, MAX_STACK_PARAMS>(elt, key, record, vals)
-            } else {
-                self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }, MAX_STR_PARAMS, MAX_STACK_PARAMS>(
-                    elt, key, record, vals,
-                )
-            };
+            return self.fire_stacks(elt, key, record, vals);
         }
         // Most synthetic events have a few fields and no string variable: fill only small
         // arrays for them.
@@ -608,6 +602,20 @@ impl TraceAction {
         let n = self.params.len().min(ints.len());
         let _ = self.synth.trace_ints(&ints[..n]);
         true
+    }
+
+    /// [`TraceAction::fire`] of an action passing stack variables: out of line, so the
+    /// other actions' path stays as small as it was.
+    #[cold]
+    #[inline(never)]
+    fn fire_stacks(&self, elt: &Elt, key: HashedKey<'_>, record: &[u8], vals: &[u64]) {
+        if self.params.len() <= 8 {
+            self.fire_with::<8, MAX_STR_PARAMS, MAX_STACK_PARAMS>(elt, key, record, vals)
+        } else {
+            self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }, MAX_STR_PARAMS, MAX_STACK_PARAMS>(
+                elt, key, record, vals,
+            )
+        }
     }
 
     /// `N` values at most, `S` of them string variables and `K` stack variables.
@@ -642,7 +650,8 @@ impl TraceAction {
         }
         let mut stacks = [[0u64; STACKTRACE_DEPTH]; K];
         let mut k = 0;
-        for p in &self.params {
+        // `K == 0` (no stack parameter) is known at compile time: no scan then.
+        for p in self.params.iter().take(if K == 0 { 0 } else { usize::MAX }) {
             let Param::RefStack { hist, first } = p else {
                 continue;
             };
