@@ -196,10 +196,22 @@ impl Ev {
     #[inline(always)]
     fn eval(&self, ctx: &Ctx<'_>) -> u64 {
         match self {
+            // A latency's `common_timestamp - $ts0`: both operands leaves, so the whole
+            // expression is evaluated here, with no call.
+            Ev::Bin(op, div, a, b) => {
+                syntax::eval_op(*op, *div, a.eval_leaf(ctx), b.eval_leaf(ctx))
+            }
+            _ => self.eval_leaf(ctx),
+        }
+    }
+
+    /// [`Ev::eval`] of a leaf inline; anything else out of line.
+    #[inline(always)]
+    fn eval_leaf(&self, ctx: &Ctx<'_>) -> u64 {
+        match self {
             Ev::Int(at) => at.read(ctx.record),
             Ev::VarRef(i) => ctx.refs.get(*i).copied().unwrap_or(0),
             Ev::Const(c) => *c,
-            // A latency's `common_timestamp - $ts0` reaches the clock with no second call.
             Ev::Timestamp => ctx.timestamp(),
             _ => self.eval_node(ctx),
         }
@@ -269,7 +281,8 @@ pub struct Hist {
     /// `(reference, entry of vars)`: references to this trigger's own variables that every
     /// update computes, passed to the actions as computed.
     own_refs: Vec<(usize, usize)>,
-    /// The references `own_refs` covers, one bit each (references 0..64).
+    /// The references `own_refs` covers, one bit each (references 0..64), or
+    /// [`inter::ALL_OWN_DONE`] when it covers every reference to an own variable.
     own_refs_mask: u64,
     /// One numeric key: no compound key to assemble.
     single_num_key: bool,
@@ -414,6 +427,14 @@ impl Hist {
                     own_refs.push((i, j));
                     own_refs_mask |= 1 << i;
                 }
+            }
+            let own_left = inter
+                .refs
+                .iter()
+                .enumerate()
+                .any(|(i, r)| r.hist.is_none() && (i >= 64 || own_refs_mask & (1 << i) == 0));
+            if !own_left {
+                own_refs_mask = inter::ALL_OWN_DONE;
             }
         }
         let hooks = inter.map(Arc::new);

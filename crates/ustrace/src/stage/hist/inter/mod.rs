@@ -163,6 +163,15 @@ pub struct StrVar {
     pub words: usize,
 }
 
+/// The `done` mask that says the update computed every reference to the trigger's own
+/// variables ([`Inter::resolve_own`] has nothing to read).
+pub const ALL_OWN_DONE: u64 = u64::MAX;
+
+/// Whether a snapshot action was ever made: until then no record can have left a snapshot
+/// pending, and [`run_deferred`] looks at no thread-local. Set before the action is
+/// published to the record path, so a record that runs the action sees it set.
+static SNAPSHOT_ACTIONS: AtomicBool = AtomicBool::new(false);
+
 /// Most string parameters one action passes (more are passed empty).
 const MAX_STR_PARAMS: usize = 4;
 
@@ -357,9 +366,13 @@ impl Inter {
 
     /// Resolves the references to this trigger's own variables from the updated entry,
     /// never consuming them, but those in `done` (one bit per reference), which the update
-    /// computed. `false` when one is unset: the actions do not run.
+    /// computed; [`ALL_OWN_DONE`] says every one was. `false` when one is unset: the
+    /// actions do not run.
     #[inline]
     pub fn resolve_own(&self, elt: &Elt, vals: &mut [u64], done: u64) -> bool {
+        if done == ALL_OWN_DONE {
+            return true;
+        }
         for (i, r) in self.refs.iter().enumerate() {
             if r.hist.is_some() || (i < 64 && done & (1 << i) != 0) {
                 continue;
@@ -752,6 +765,7 @@ fn load_str(elt: &Elt, first: usize, words: usize, buf: &mut [u8; SAVE_STR_MAX])
 impl SnapshotState {
     /// A new state for `onmax` (`max`) or `onchange` of `var_str`.
     pub fn new(max: bool, var_str: &str) -> SnapshotState {
+        SNAPSHOT_ACTIONS.store(true, Ordering::Relaxed);
         SnapshotState {
             max,
             var_str: var_str.to_string(),
@@ -795,6 +809,9 @@ thread_local! {
 /// stage after the triggering record was committed or discarded.
 #[inline]
 pub(crate) fn run_deferred() {
+    if !SNAPSHOT_ACTIONS.load(Ordering::Relaxed) {
+        return;
+    }
     let pending = PENDING_SNAPSHOT.try_with(|p| p.take()).ok().flatten();
     if let Some(shared) = pending {
         let _ = shared.take_snapshot();
