@@ -561,16 +561,18 @@ pub fn demangle(mangled: &str) -> String {
 }
 
 /// Legacy Rust symbols end their path with `17h<16 hex digits>E` (possibly
-/// followed by a `.llvm.NNN`-style suffix); C++ names never do.
+/// followed by a `.llvm.NNN`-style suffix); C++ names never do. The path itself may hold
+/// dots (`<A as B>::f` is mangled with `..` for the `::` inside the angle brackets), so
+/// the hash is looked for wherever a suffix could start, not only at the first dot.
 fn has_rust_hash(mangled: &str) -> bool {
-    let core = mangled.split('.').next().unwrap_or(mangled);
-    let Some(body) = core.strip_suffix('E') else {
-        return false;
+    let b = mangled.as_bytes();
+    let hash_ends_at = |end: usize| {
+        end >= 20
+            && b[end - 1] == b'E'
+            && &b[end - 20..end - 17] == b"17h"
+            && b[end - 17..end - 1].iter().all(|c| c.is_ascii_hexdigit())
     };
-    let b = body.as_bytes();
-    b.len() >= 19
-        && &b[b.len() - 19..b.len() - 16] == b"17h"
-        && b[b.len() - 16..].iter().all(|c| c.is_ascii_hexdigit())
+    hash_ends_at(b.len()) || (0..b.len()).any(|i| b[i] == b'.' && hash_ends_at(i))
 }
 
 /// Reads the loader's add/sub counters, stopping after the first object.
@@ -1048,6 +1050,16 @@ mod tests {
             demangle("_ZN4core3ptr13drop_in_place17h0123456789abcdefE"),
             "core::ptr::drop_in_place"
         );
+    }
+
+    #[test]
+    fn demangles_rust_legacy_trait_impls_whose_paths_hold_dots() {
+        // `<ustrace::Inter as ustrace::HistHooks>::after_update`, with and without a suffix.
+        let m = "_ZN67_$LT$ustrace..stage..Inter$u20$as$u20$ustrace..stage..HistHooks$GT$\
+                 12after_update17hd111912c7f946886E";
+        let want = "<ustrace::stage::Inter as ustrace::stage::HistHooks>::after_update";
+        assert_eq!(demangle(m), want);
+        assert_eq!(demangle(&format!("{m}.llvm.123")), want);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use ustrace_filter::hist::{
     flags, Action as ActionSpec, ActionKind, Handler, HistData, HistError, HistErrorKind as K,
-    HistField, VarTarget, EEXIST, EINVAL,
+    HistField, VarTarget, EEXIST, EINVAL, VARS_MAX,
 };
 use ustrace_filter::FieldClass;
 
@@ -29,7 +29,7 @@ use crate::stage::hist::inter::{
     Action, FieldRead, Inter, Param, RefSlot, SaveVar, SnapshotState, StrVar, TraceAction,
     TrackThen, SAVE_STR_MAX,
 };
-use crate::stage::hist::Hist;
+use crate::stage::hist::{Hist, STACKTRACE_DEPTH};
 use crate::trace::{EventFile, Instance};
 
 /// One registered hist trigger, as the other triggers of its instance see it.
@@ -42,7 +42,8 @@ pub struct Registered {
     hist: Weak<Hist>,
     /// How many other triggers reference a variable of this one.
     referenced: AtomicUsize,
-    /// Its string variables: (variable index, first slot, slots) of their bytes.
+    /// Its string and stack variables: (variable index, first slot, slots) of their bytes
+    /// or frames.
     strings: Vec<(usize, usize, usize)>,
 }
 
@@ -343,14 +344,27 @@ fn var_ref(
     data.var_refs.len() - 1
 }
 
-/// The kernel's `check_synth_field`: a `char[...]` goes into a dynamic string field;
-/// otherwise the types match, or the sizes do (and, for numbers, the signedness).
+/// Whether a hist value of C type `c_type` is a stack trace (`unsigned long[]`, the
+/// kernel's `strstr(type, "long[")`).
+fn is_stack_type(c_type: &str) -> bool {
+    c_type.contains("long[")
+}
+
+/// The kernel's `check_synth_field`: a `char[...]` goes into a dynamic string field, a
+/// stack trace into a stack field; otherwise the types match, or the sizes do (and, for
+/// numbers, the signedness).
 fn synth_field_accepts(
     field: &crate::synth::SynthField,
     c_type: &str,
     size: usize,
     signed: bool,
 ) -> bool {
+    // A stack field takes a stack trace and nothing else. (The kernel would also let a
+    // signed 8-byte integer through, as its size and signedness match the field's, and read
+    // that number as the address of frames.) A stack trace fits no other field.
+    if field.is_stack() || is_stack_type(c_type) {
+        return field.is_stack() && is_stack_type(c_type);
+    }
     if c_type.contains("char[") && field.is_string() && field.c_type().starts_with("__data_loc") {
         return true;
     }
@@ -508,7 +522,11 @@ fn trace_action(
                 return Err(HistError::new(K::ParamNotFound, data.errpos(vname)));
             };
             let (c, s, sg) = (found.c_type.clone(), found.size, found.signed);
-            let string = found.is_string.then(|| string_param(t, &found));
+            let string = if is_stack_type(&found.c_type) {
+                Some(stack_param(t, data, &found))
+            } else {
+                found.is_string.then(|| string_param(t, &found))
+            };
             let r = var_ref(data, found, vname, system, event);
             match string {
                 None => (c, s, sg, false, Param::Ref(r)),
@@ -548,7 +566,8 @@ fn trace_action(
         }
         if string_var {
             // A string variable whose bytes no entry keeps (`common_pid.execname`, a
-            // `common_comm`): refused rather than passed on garbled.
+            // `common_comm`), or a stack no entry keeps: refused rather than passed on
+            // garbled.
             return Err(HistError::new(K::FieldVarCreateFail, data.errpos(var)));
         }
         params.push(made);
@@ -587,6 +606,48 @@ fn string_param(t: &Target<'_>, target: &VarTarget) -> Option<Param> {
         first,
         words,
     })
+}
+
+/// Where the frames of the stack variable `target` are kept: in the entries of the
+/// trigger whose variable captured them, found through aliases (`s=$st` passes on the
+/// frames `st=common_stacktrace` saved, as the kernel's alias passes on the address of
+/// its storage). `None` when no entry keeps them.
+fn stack_param(t: &Target<'_>, data: &HistData, target: &VarTarget) -> Option<Param> {
+    let mut target = target.clone();
+    // An alias of an alias is still an alias: a few steps at most, never a cycle.
+    for _ in 0..VARS_MAX {
+        let field = if target.hist == t.id {
+            data.fields
+                .iter()
+                .find(|f| f.has(flags::VAR) && f.var_idx == target.idx)
+                .cloned()
+        } else {
+            let live = registry()
+                .iter()
+                .find(|r| r.id == target.hist)
+                .and_then(|r| r.live());
+            live.and_then(|h| {
+                h.data
+                    .fields
+                    .iter()
+                    .find(|f| f.has(flags::VAR) && f.var_idx == target.idx)
+                    .cloned()
+            })
+        }?;
+        match field.var_ref {
+            Some(inner) if field.has(flags::ALIAS) => target = inner,
+            _ if field.has(flags::STACKTRACE) => {
+                return match string_param(t, &target)? {
+                    Param::RefStr { hist, first, words } if words == STACKTRACE_DEPTH => {
+                        Some(Param::RefStack { hist, first })
+                    }
+                    _ => None,
+                };
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// The kernel's `create_field_var_hist`: a trigger on `system:event` with the keys of a
@@ -732,6 +793,8 @@ impl Prepared {
             save_vars: self.save_vars,
             extra_vars: self.extra_vars,
             string_vars: Vec::new(),
+            stack_vars: Vec::new(),
+            stack_skip: Default::default(),
             shared: snapshots.then(|| t.file.shared.clone()),
         };
         HIDDEN
@@ -859,11 +922,21 @@ pub fn create(
     mut data: HistData,
 ) -> Result<Arc<Hist>, HistError> {
     // String variables keep their bytes in slots of their own after the trigger's
-    // variables (the kernel's per-entry string buffers); the actions' slots follow.
+    // variables (the kernel's per-entry string buffers), stack variables their frames;
+    // the actions' slots follow.
     let mut string_vars = Vec::new();
+    let mut stack_vars = Vec::new();
     let mut strings = Vec::new();
     let mut used = 0;
     for f in data.vals() {
+        // An alias (`s=$st`) keeps nothing: it names the frames of the variable it refers to.
+        if f.has(flags::VAR) && f.has(flags::STACKTRACE) && !f.has(flags::ALIAS) {
+            let first = data.n_vars + used;
+            strings.push((f.var_idx, first, STACKTRACE_DEPTH));
+            stack_vars.push(first);
+            used += STACKTRACE_DEPTH;
+            continue;
+        }
         let Some(ef) = f
             .field
             .as_ref()
@@ -897,6 +970,7 @@ pub fn create(
     let extra = used + prepared.extra_vars;
     let mut inter = prepared.build(&t, &data);
     inter.string_vars = string_vars;
+    inter.stack_vars = stack_vars;
     let inter = (!inter.is_empty()).then_some(inter);
     let made = Hist::new(data.clone(), extra, inter);
     let Ok(hist) = made else {

@@ -135,7 +135,9 @@ pub(crate) fn field_print(f: &HistField, out: &mut String) {
     } else if f.has(flags::TIMESTAMP) {
         out.push_str("common_timestamp");
     }
-    if f.flags != 0 && !f.has(flags::VAR_REF | flags::EXPR) {
+    // A stack variable (`st=common_stacktrace`) prints as its name alone, as the kernel's
+    // `hist_field_print` skips the modifier of stacktrace fields.
+    if f.flags != 0 && !f.has(flags::VAR_REF | flags::EXPR | flags::STACKTRACE) {
         if let Some(m) = modifier(f) {
             out.push('.');
             out.push_str(m);

@@ -120,6 +120,12 @@ fn variables_expressions_and_actions() {
         info("keys=common_pid:c=10/3"),
         "hist:keys=common_pid:vals=hitcount:c=4:sort=hitcount:size=2048 [active]"
     );
+    // histogram.rst's block_lat: a stack variable prints without a `.stacktrace` modifier
+    // (the kernel's `hist_field_print`).
+    assert_eq!(
+        info("keys=common_pid:ts=common_timestamp.usecs,st=common_stacktrace  if bytes_req == 2"),
+        "hist:keys=common_pid:vals=hitcount:ts=common_timestamp.usecs,st=common_stacktrace:sort=hitcount:size=2048:clock=global if bytes_req == 2 [active]"
+    );
     let h = parse(
         "keys=common_pid:m=bytes_req:onmax($m).save(bytes_alloc,call_site)",
         &Kmalloc,

@@ -65,10 +65,11 @@ fn is_record_path(name: &str) -> bool {
         || name.contains("::__call_probes")
 }
 
-/// How many frames (from [`fill_stack`] out) belong to the record path, stored in `skip`.
+/// How many frames (from its caller, [`fill_stack`] or the stack variables' `save_stack`,
+/// out) belong to the record path, stored in `skip_slot`.
 #[cold]
 #[inline(never)]
-fn calibrate_stack_skip(skip_slot: &AtomicUsize) -> usize {
+pub(crate) fn calibrate_stack_skip(skip_slot: &AtomicUsize) -> usize {
     let mut frames = [0usize; 64];
     let n = ustrace_inspect::stack::capture(1, &mut frames);
     let inventory = ustrace_inspect::symbols::inventory();

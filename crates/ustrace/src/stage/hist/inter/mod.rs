@@ -18,17 +18,18 @@
 //! [`crate::hist_inter`], finds the variables, the synthetic event and the fields), so the
 //! record path takes no lock, allocates nothing and makes no system call; the one
 //! exception is `snapshot()`, which swaps buffers as the `snapshot` trigger does. Values
-//! this module keeps per entry (tracked maxima, saved fields) live in extra variable slots
-//! of the trigger's own map, after the trigger's variables.
+//! this module keeps per entry (string variables' bytes, stack variables' frames, tracked
+//! maxima, saved fields) live in extra variable slots of the trigger's own map, after the
+//! trigger's variables.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ustrace_filter::FieldClass;
 use ustrace_tracemap::{Elt, HashedKey, VarAt};
 
 use crate::buffers::Shared;
-use crate::stage::hist::{show, Hist};
+use crate::stage::hist::{show, Hist, STACKTRACE_DEPTH};
 use crate::synth::{SynthHold, SynthValue, Synthetic};
 
 /// Most variable references one trigger resolves per record (the kernel's
@@ -174,6 +175,19 @@ static SNAPSHOT_ACTIONS: AtomicBool = AtomicBool::new(false);
 /// Most string parameters one action passes (more are passed empty).
 const MAX_STR_PARAMS: usize = 4;
 
+/// Most stack-trace parameters one action passes (more are passed empty).
+const MAX_STACK_PARAMS: usize = 2;
+
+/// Frames of the record path above `save_stack`, found by name on the first save
+/// (`usize::MAX` until then), as the stacktrace keys find theirs.
+pub struct StackSkip(AtomicUsize);
+
+impl Default for StackSkip {
+    fn default() -> Self {
+        StackSkip(AtomicUsize::new(usize::MAX))
+    }
+}
+
 /// One value passed to a synthetic event.
 pub enum Param {
     /// A variable reference's resolved value.
@@ -192,6 +206,16 @@ pub enum Param {
     /// A field of the triggering record (the kernel makes a field variable of it and
     /// reads it back at once; reading the record is the same value).
     Field(FieldRead),
+    /// A stack variable (`st=common_stacktrace`, or an alias of one such as `s=$st`): its
+    /// frames in the entry with this record's key, of `hist` (`None`: this trigger's own),
+    /// in [`STACKTRACE_DEPTH`] slots from `first`. As for strings, the reference itself is
+    /// resolved as any other, so the action runs only when the variable is set.
+    RefStack {
+        /// The histogram that captured the frames, when it is another trigger's.
+        hist: Option<Arc<Hist>>,
+        /// First slot of the frames.
+        first: usize,
+    },
 }
 
 /// Generating a synthetic event.
@@ -205,6 +229,10 @@ pub struct TraceAction {
     /// Every parameter an integer, at most 8, into an integers-only event: the action
     /// takes [`TraceAction::fire_ints`], decided once here rather than on every match.
     ints: bool,
+    /// Some parameter is a [`Param::RefStr`] (found once, not per record).
+    strings: bool,
+    /// Some parameter is a [`Param::RefStack`].
+    stacks: bool,
 }
 
 /// A field `save()` copies into the entry.
@@ -275,6 +303,12 @@ pub struct Inter {
     pub extra_vars: usize,
     /// This trigger's string variables, copied into their entry on each update.
     pub string_vars: Vec<StrVar>,
+    /// This trigger's stack variables (`st=common_stacktrace`): the first of the
+    /// [`STACKTRACE_DEPTH`] slots each saves the calling thread's frames in on each
+    /// update (the kernel keeps them in the entry's string storage).
+    pub stack_vars: Vec<usize>,
+    /// The record-path frames those saves skip.
+    pub stack_skip: StackSkip,
     /// The buffers `snapshot()` acts on (the triggering event's instance).
     pub(crate) shared: Option<Arc<Shared>>,
 }
@@ -300,7 +334,10 @@ fn with_key_len<R>(key: HashedKey<'_>, len: usize, f: impl FnOnce(HashedKey<'_>)
 impl Inter {
     /// Whether the trigger needs this stage at all.
     pub fn is_empty(&self) -> bool {
-        self.refs.is_empty() && self.actions.is_empty() && self.string_vars.is_empty()
+        self.refs.is_empty()
+            && self.actions.is_empty()
+            && self.string_vars.is_empty()
+            && self.stack_vars.is_empty()
     }
 
     /// Resolves the references to other triggers' variables for a record with `key`, into
@@ -392,6 +429,16 @@ impl Inter {
                     }
                 }
             }
+        }
+    }
+
+    /// Saves the calling thread's frames into each stack variable of the entry: out of
+    /// line, so triggers without one pay only the emptiness check.
+    #[cold]
+    #[inline(never)]
+    fn save_stacks(&self, elt: &Elt) {
+        for &first in &self.stack_vars {
+            save_stack(elt, first, &self.stack_skip.0);
         }
     }
 
@@ -498,6 +545,9 @@ impl Inter {
         for v in &self.string_vars {
             store_str(elt, v.first, v.words, v.read.str(record));
         }
+        if !self.stack_vars.is_empty() {
+            self.save_stacks(elt);
+        }
         if self.actions.is_empty() {
             return;
         }
@@ -513,35 +563,40 @@ impl TraceAction {
             && params.iter().all(|p| match p {
                 Param::Ref(_) => true,
                 Param::Field(f) => !f.is_string(),
-                Param::RefStr { .. } => false,
+                Param::RefStr { .. } | Param::RefStack { .. } => false,
             });
+        let strings = params.iter().any(|p| matches!(p, Param::RefStr { .. }));
+        let stacks = params.iter().any(|p| matches!(p, Param::RefStack { .. }));
         TraceAction {
             synth,
             hold,
             params,
             ints,
+            strings,
+            stacks,
         }
     }
 
     /// Generates the synthetic event from the resolved references, the entry `elt` of
-    /// `key` (for string variables) and the record.
-    #[inline]
+    /// `key` (for string variables) and the record. Always inlined into the handlers, with
+    /// the paths it picks out of line: left to the compiler, the stack path's branch made it
+    /// a call of its own, which cost the integer path ~14 instructions per action.
+    #[inline(always)]
     fn fire(&self, elt: &Elt, key: HashedKey<'_>, record: &[u8], vals: &[u64]) {
         // The common case, latencies and ids: integer fields from references and integer
         // record fields, passed as plain words with no value kinds to check.
         if self.ints && self.fire_ints(record, vals) {
             return;
         }
+        if self.stacks {
+            return self.fire_stacks(elt, key, record, vals);
+        }
         // Most synthetic events have a few fields and no string variable: fill only small
         // arrays for them.
-        let strings = self
-            .params
-            .iter()
-            .any(|p| matches!(p, Param::RefStr { .. }));
-        match (self.params.len() <= 8, strings) {
-            (true, false) => self.fire_with::<8, 0>(elt, key, record, vals),
-            (true, true) => self.fire_with::<8, MAX_STR_PARAMS>(elt, key, record, vals),
-            (false, _) => self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }, MAX_STR_PARAMS>(
+        match (self.params.len() <= 8, self.strings) {
+            (true, false) => self.fire_with::<8, 0, 0>(elt, key, record, vals),
+            (true, true) => self.fire_with::<8, MAX_STR_PARAMS, 0>(elt, key, record, vals),
+            (false, _) => self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }, MAX_STR_PARAMS, 0>(
                 elt, key, record, vals,
             ),
         }
@@ -564,9 +619,23 @@ impl TraceAction {
         true
     }
 
-    /// `N` values at most, `S` of them string variables.
+    /// [`TraceAction::fire`] of an action passing stack variables: out of line, so the
+    /// other actions' path stays as small as it was.
+    #[cold]
+    #[inline(never)]
+    fn fire_stacks(&self, elt: &Elt, key: HashedKey<'_>, record: &[u8], vals: &[u64]) {
+        if self.params.len() <= 8 {
+            self.fire_with::<8, MAX_STR_PARAMS, MAX_STACK_PARAMS>(elt, key, record, vals)
+        } else {
+            self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }, MAX_STR_PARAMS, MAX_STACK_PARAMS>(
+                elt, key, record, vals,
+            )
+        }
+    }
+
+    /// `N` values at most, `S` of them string variables and `K` stack variables.
     #[inline]
-    fn fire_with<const N: usize, const S: usize>(
+    fn fire_with<const N: usize, const S: usize, const K: usize>(
         &self,
         elt: &Elt,
         key: HashedKey<'_>,
@@ -594,9 +663,30 @@ impl TraceAction {
             };
             j += 1;
         }
+        let mut stacks = [[0u64; STACKTRACE_DEPTH]; K];
+        let mut k = 0;
+        // `K == 0` (no stack parameter) is known at compile time: no scan then.
+        for p in self.params.iter().take(if K == 0 { 0 } else { usize::MAX }) {
+            let Param::RefStack { hist, first } = p else {
+                continue;
+            };
+            if k == K {
+                break;
+            }
+            match hist {
+                None => load_stack(elt, *first, &mut stacks[k]),
+                Some(h) => with_key_len(key, h.map.config().key_size, |hk| {
+                    if let Some(e) = h.map.lookup_hashed(hk) {
+                        load_stack(e, *first, &mut stacks[k]);
+                    }
+                }),
+            }
+            k += 1;
+        }
         let mut values = [SynthValue::U64(0); N];
         let n = self.params.len().min(N);
         let mut j = 0;
+        let mut k = 0;
         for (i, p) in self.params.iter().take(n).enumerate() {
             values[i] = match p {
                 Param::Ref(r) => SynthValue::U64(vals.get(*r).copied().unwrap_or(0)),
@@ -606,6 +696,13 @@ impl TraceAction {
                         _ => SynthValue::Str(&[]),
                     };
                     j += 1;
+                    v
+                }
+                Param::RefStack { .. } => {
+                    let v = stacks
+                        .get(k)
+                        .map_or(SynthValue::Stack(&[]), |s| SynthValue::Stack(s));
+                    k += 1;
                     v
                 }
                 Param::Field(f) if f.is_string() => SynthValue::Str(f.str(record)),
@@ -625,6 +722,30 @@ fn store_str(elt: &Elt, first: usize, words: usize, bytes: &[u8]) {
         let to = (w * 8 + 8).min(n);
         word[..to - from].copy_from_slice(&bytes[from..to]);
         elt.set_var(first + w, u64::from_ne_bytes(word));
+    }
+}
+
+/// Saves the calling thread's frames (from the function that hit the tracepoint outwards,
+/// the record path skipped) in [`STACKTRACE_DEPTH`] slots from `first`, zero after the last:
+/// the kernel's `stack_trace_save` into a stack variable's storage.
+#[inline(never)]
+fn save_stack(elt: &Elt, first: usize, skip_slot: &AtomicUsize) {
+    let mut frames = [0usize; STACKTRACE_DEPTH];
+    let skip = match skip_slot.load(Ordering::Relaxed) {
+        usize::MAX => crate::stage::hist::calibrate_stack_skip(skip_slot),
+        skip => skip,
+    };
+    // Frame 0 is this function, as in the calibration.
+    let n = ustrace_inspect::stack::capture(skip, &mut frames);
+    for (w, &addr) in frames.iter().enumerate() {
+        elt.set_var(first + w, if w < n { addr as u64 } else { 0 });
+    }
+}
+
+/// Copies the frames kept in [`STACKTRACE_DEPTH`] slots from `first` into `buf`.
+fn load_stack(elt: &Elt, first: usize, buf: &mut [u64; STACKTRACE_DEPTH]) {
+    for (w, slot) in buf.iter_mut().enumerate() {
+        *slot = elt.var(first + w).unwrap_or(0);
     }
 }
 
