@@ -41,7 +41,77 @@ pub(crate) struct Prologue {
 
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
-fn read(addr: usize, len: usize) -> Result<Vec<u8>, String> {
+/// Bytes read at the start of every function for its prologue.
+const HEAD: usize = 64;
+
+/// Current code of many functions, read with one `/proc/self/mem` read per run of neighbouring
+/// functions instead of two per function (thousands are analysed when a tracer is switched on
+/// for all of them). Runs are joined as `text_poke` joins its spans: only ranges that start on
+/// the page where the run ends or on the next one, so a run covers no page that holds none of
+/// the functions.
+#[derive(Default)]
+pub(crate) struct CodeCache {
+    /// Sorted, disjoint `(start, bytes)`.
+    runs: Vec<(usize, Vec<u8>)>,
+}
+
+impl CodeCache {
+    /// Reads what [`analyze`] will read of each `(func, size)`.
+    pub(crate) fn read(funcs: &[(usize, Option<usize>)]) -> CodeCache {
+        let mut ranges: Vec<(usize, usize)> = funcs
+            .iter()
+            .map(|&(func, size)| (func, func + HEAD.max(scan_len(size))))
+            .collect();
+        ranges.sort_unstable();
+        let mut cache = CodeCache::default();
+        cache.fill(&ranges);
+        cache.runs.sort_unstable_by_key(|r| r.0);
+        cache
+    }
+
+    /// Reads the runs of `ranges` (sorted); a run that cannot be read whole (one of its
+    /// functions ends near the end of its mapping, say) is split in two and retried, down to
+    /// single functions, which [`read`] then reads itself.
+    fn fill(&mut self, ranges: &[(usize, usize)]) {
+        const PAGE: usize = 4096;
+        let mut i = 0;
+        while i < ranges.len() {
+            let (start, mut end) = ranges[i];
+            let mut j = i + 1;
+            while j < ranges.len() && ranges[j].0 / PAGE <= (end - 1) / PAGE + 1 {
+                end = end.max(ranges[j].1);
+                j += 1;
+            }
+            let mut buf = vec![0u8; end - start];
+            if super::read_text(start, &mut buf).is_ok() {
+                self.runs.push((start, buf));
+            } else if j - i > 1 {
+                let mid = i + (j - i) / 2;
+                self.fill(&ranges[i..mid]);
+                self.fill(&ranges[mid..j]);
+            }
+            i = j;
+        }
+    }
+
+    fn get(&self, addr: usize, len: usize) -> Option<&[u8]> {
+        let k = self.runs.partition_point(|r| r.0 <= addr).checked_sub(1)?;
+        let (start, bytes) = &self.runs[k];
+        bytes.get(addr - start..addr - start + len)
+    }
+}
+
+/// How much of the function the branch check decodes: all of it when its size is known,
+/// else a window (branches from other functions into this one's interior would be just as
+/// wrong, so over-scanning only adds safety).
+fn scan_len(size: Option<usize>) -> usize {
+    size.unwrap_or(4096).min(1 << 20)
+}
+
+fn read(code: &CodeCache, addr: usize, len: usize) -> Result<std::borrow::Cow<'_, [u8]>, String> {
+    if let Some(b) = code.get(addr, len) {
+        return Ok(std::borrow::Cow::Borrowed(b));
+    }
     let mut buf = vec![0u8; len];
     // Shrink the read when the function sits at the very end of its mapping.
     let mut n = len;
@@ -49,7 +119,7 @@ fn read(addr: usize, len: usize) -> Result<Vec<u8>, String> {
         match super::read_text(addr, &mut buf[..n]) {
             Ok(()) => {
                 buf.truncate(n);
-                return Ok(buf);
+                return Ok(std::borrow::Cow::Owned(buf));
             }
             Err(_) => n /= 2,
         }
@@ -58,8 +128,13 @@ fn read(addr: usize, len: usize) -> Result<Vec<u8>, String> {
 }
 
 /// Decides whether the function at `func` (of `size` bytes when known) can be probed.
-pub(crate) fn analyze(func: usize, size: Option<usize>) -> Result<Prologue, String> {
-    let head = read(func, 64)?;
+/// `code` holds the bytes when they were read beforehand (else they are read here).
+pub(crate) fn analyze(
+    func: usize,
+    size: Option<usize>,
+    code: &CodeCache,
+) -> Result<Prologue, String> {
+    let head = read(code, func, HEAD)?;
     let patch_at = if head.starts_with(&ENDBR64) {
         func + 4
     } else {
@@ -115,7 +190,7 @@ pub(crate) fn analyze(func: usize, size: Option<usize>) -> Result<Prologue, Stri
             ));
         }
     }
-    check_branch_targets(func, end, patch_at, len)?;
+    check_branch_targets(code, func, end, patch_at, len)?;
     Ok(Prologue {
         patch_at,
         len,
@@ -126,15 +201,13 @@ pub(crate) fn analyze(func: usize, size: Option<usize>) -> Result<Prologue, Stri
 
 /// Refuses the function when one of its direct branches targets `patch_at+1 .. patch_at+len`.
 fn check_branch_targets(
+    code: &CodeCache,
     func: usize,
     end: Option<usize>,
     patch_at: usize,
     len: usize,
 ) -> Result<(), String> {
-    // Without a known size, scan a window; branches from other functions into this one's
-    // interior would be just as wrong, so over-scanning only adds safety.
-    let scan = end.map(|e| e - func).unwrap_or(4096).min(1 << 20);
-    let code = read(func, scan)?;
+    let code = read(code, func, scan_len(end.map(|e| e - func)))?;
     let mut decoder = Decoder::with_ip(64, &code, func as u64, DecoderOptions::NONE);
     let interior = (patch_at + 1) as u64..(patch_at + len) as u64;
     let mut ins = Instruction::default();
@@ -222,7 +295,11 @@ mod tests {
     use super::*;
 
     fn analyze_bytes(code: &'static [u8]) -> Result<Prologue, String> {
-        analyze(code.as_ptr() as usize, Some(code.len()))
+        analyze(
+            code.as_ptr() as usize,
+            Some(code.len()),
+            &CodeCache::default(),
+        )
     }
 
     #[test]
@@ -292,7 +369,7 @@ mod tests {
         fn analysis_never_misrelocates(bytes in proptest::collection::vec(proptest::num::u8::ANY, 5..40)) {
             let code: &'static [u8] = Box::leak(bytes.into_boxed_slice());
             let func = code.as_ptr() as usize;
-            if let Ok(p) = analyze(func, Some(code.len())) {
+            if let Ok(p) = analyze(func, Some(code.len()), &CodeCache::default()) {
                 proptest::prop_assert!(p.len >= PATCH_LEN && p.patch_at + p.len <= func + code.len());
                 let at = func + 0x10_0000;
                 let (out, interior) = relocate(&p, at).unwrap();
