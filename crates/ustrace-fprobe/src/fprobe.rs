@@ -136,11 +136,30 @@ fn is_glibc(path: &str) -> bool {
 /// pattern's literal text before its first wildcard and ends with the text after its last.
 /// Every C-library function is held against every [`NOTRACE`] pattern when a tracer is
 /// switched on for all of them; this turns nearly all of those away without the matcher.
+#[cfg(test)]
 fn literal_ends_match(pat: &str, name: &str) -> bool {
+    let (head, tail) = literal_ends(pat);
+    name.starts_with(head) && name.ends_with(tail)
+}
+
+/// The literal text of `pat` before its first wildcard and after its last.
+fn literal_ends(pat: &str) -> (&str, &str) {
     const WILD: [char; 4] = ['*', '?', '[', '\\'];
     let head = pat.find(WILD).unwrap_or(pat.len());
     let tail = pat.rfind(WILD).map_or(0, |i| i + 1);
-    name.starts_with(&pat[..head]) && name.ends_with(&pat[tail..])
+    (&pat[..head], &pat[tail..])
+}
+
+/// [`literal_ends`] of every [`NOTRACE`] pattern, in its order, worked out once.
+fn notrace_ends() -> &'static [(&'static str, &'static str)] {
+    static ENDS: std::sync::OnceLock<Vec<(&'static str, &'static str)>> =
+        std::sync::OnceLock::new();
+    ENDS.get_or_init(|| {
+        NOTRACE
+            .iter()
+            .map(|(pat, _, _)| literal_ends(pat))
+            .collect()
+    })
 }
 
 /// Why the function at `addr` (named `first` by the caller, plus every name the inventory has
@@ -158,9 +177,10 @@ fn notrace(symbols: &[Symbol], addr: usize, first: &str, hooks_return: bool) -> 
             continue;
         }
         let plain = n.split('@').next().unwrap_or(n);
-        for (pat, why, exit_only) in NOTRACE {
+        for ((pat, why, exit_only), (head, tail)) in NOTRACE.iter().zip(notrace_ends()) {
             if (!exit_only || hooks_return)
-                && literal_ends_match(pat, plain)
+                && plain.starts_with(head)
+                && plain.ends_with(tail)
                 && ustrace_inspect::symbols::glob_match(pat.as_bytes(), plain.as_bytes())
             {
                 return Some(format!("{why} (notrace: {plain})"));

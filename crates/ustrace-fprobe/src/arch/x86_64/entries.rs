@@ -126,11 +126,6 @@ fn short_branch(b: u8) -> bool {
     matches!(b, 0x70..=0x7f | 0xeb | 0xe0..=0xe3)
 }
 
-fn disp32(code: &[u8], at: usize) -> Option<i64> {
-    let b = code.get(at..at + 4)?;
-    Some(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
-}
-
 impl Index {
     fn new(base: usize, code: Vec<u8>, symbols: &[Symbol]) -> Index {
         let end = base + code.len();
@@ -141,35 +136,12 @@ impl Index {
             .collect();
         starts.dedup();
         starts.push(end);
-        let len = code.len() as i64;
         let mut far = Vec::new();
-        let mut add = |q: usize, next: usize, disp: Option<i64>| {
-            if let Some(d) = disp {
-                let t = next as i64 + d;
-                if (0..len).contains(&t) {
-                    far.push((t as u64) << 32 | q as u64);
-                }
+        super::insn::branch_candidates(&code, base, false, |q, t| {
+            if t >= base as u64 && t < end as u64 {
+                far.push((t - base as u64) << 32 | q as u64);
             }
-        };
-        for q in 0..code.len() {
-            match code[q] {
-                // call rel32, jmp rel32
-                0xe8 | 0xe9 => add(q, q + 5, disp32(&code, q + 1)),
-                // jcc rel32
-                0x0f if code.get(q + 1).is_some_and(|b| b & 0xf0 == 0x80) => {
-                    add(q, q + 6, disp32(&code, q + 2))
-                }
-                // xbegin rel32, or rel16 under an operand-size prefix
-                0xc7 if code.get(q + 1) == Some(&0xf8) => {
-                    add(q, q + 6, disp32(&code, q + 2));
-                    let d16 = code
-                        .get(q + 2..q + 4)
-                        .map(|b| i16::from_le_bytes([b[0], b[1]]) as i64);
-                    add(q, q + 4, d16);
-                }
-                _ => {}
-            }
-        }
+        });
         far.sort_unstable();
         Index {
             base,
