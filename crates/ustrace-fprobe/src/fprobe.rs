@@ -18,6 +18,7 @@
 //! will enter one.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -48,10 +49,35 @@ struct SiteRec {
     internal: Vec<bool>,
 }
 
+/// Hashes the registry's keys, code addresses, with one multiply: the standard SipHash was a
+/// visible share of registering thousands of functions at once, and the keys are not chosen
+/// by an adversary.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        // Both ends of the result matter to the table (bucket index and tag bits).
+        self.0 = (n as u64)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+}
+
 type FilterEntry = (std::sync::Weak<Mutex<FpState>>, std::sync::Weak<Probe>);
 
 struct Registry {
-    sites: HashMap<usize, SiteRec>,
+    sites: HashMap<usize, SiteRec, BuildHasherDefault<AddrHasher>>,
     /// Filter-registered fprobes, re-applied after dlopen.
     filters: Vec<FilterEntry>,
     free_slots: Vec<u32>,
@@ -65,7 +91,7 @@ fn registry() -> MutexGuard<'static, Option<Registry>> {
     let mut g = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     if g.is_none() {
         *g = Some(Registry {
-            sites: HashMap::new(),
+            sites: HashMap::default(),
             filters: Vec::new(),
             free_slots: Vec::new(),
             next_slot: 0,

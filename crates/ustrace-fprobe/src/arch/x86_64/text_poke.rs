@@ -25,7 +25,11 @@
 //!
 //! Bytes are written through `/proc/self/mem`, which the kernel lets a process use to write its own
 //! read-only text without changing page protections (no W+X window, no `mprotect` races between
-//! two patches of one page).
+//! two patches of one page). A batch reads the text under its sites once, in spans of sites on
+//! the same or adjacent pages, and writes each span whole in each step (the bytes between
+//! sites with the values they hold): a few system calls per step for thousands of sites. The
+//! reads, writes and membarriers are `syscall` instructions of this module, not libc calls,
+//! so the patcher never runs through a function it has just armed.
 //!
 //! The rendezvous (step 3) exists because a multi-instruction prologue replaced by one `jmp rel32`
 //! leaves instruction boundaries inside the new bytes: a thread that was preempted between two
