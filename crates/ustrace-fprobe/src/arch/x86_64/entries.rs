@@ -120,12 +120,6 @@ struct Index {
     far: Vec<u64>,
 }
 
-/// Whether `b` is the opcode of a direct branch with an 8-bit displacement (jcc, jmp,
-/// loop/loope/loopne, jrcxz).
-fn short_branch(b: u8) -> bool {
-    matches!(b, 0x70..=0x7f | 0xeb | 0xe0..=0xe3)
-}
-
 impl Index {
     fn new(base: usize, code: Vec<u8>, symbols: &[Symbol]) -> Index {
         let end = base + code.len();
@@ -136,7 +130,8 @@ impl Index {
             .collect();
         starts.dedup();
         starts.push(end);
-        let mut far = Vec::new();
+        // Calls alone are about one in twenty bytes of compiled code.
+        let mut far = Vec::with_capacity(code.len() / 16);
         super::insn::branch_candidates(&code, base, false, |q, t| {
             if t >= base as u64 && t < end as u64 {
                 far.push((t - base as u64) << 32 | q as u64);
@@ -168,20 +163,22 @@ impl Index {
                 .take_while(|&&c| c >> 32 < te)
                 .map(|&c| base + (c & 0xffff_ffff) as usize),
         );
-        // A short branch reaches 128 bytes back and 127 forward of its end (opcode + 2).
+        // A short branch reaches 128 bytes back and 127 forward of its end (opcode + 2); its
+        // displacement byte may lie one past the window.
         let lo = interior.start.saturating_sub(129).max(base);
         let hi = (interior.end + 126).min(end);
-        for q in lo..hi {
-            if short_branch(self.code[q - base]) && q + 2 <= end {
-                let Some(&d) = self.code.get(q + 1 - base) else {
-                    continue;
-                };
-                let t = (q + 2) as i64 + d as i8 as i64;
-                if t >= interior.start as i64 && t < interior.end as i64 {
-                    cands.push(q);
+        let with_disp = (hi + 1).min(end);
+        super::insn::branch_candidates(
+            &self.code[lo - base..with_disp - base],
+            lo,
+            true,
+            |q, t| {
+                // Far forms found here are in `far` too; a duplicate is decoded once.
+                if q < hi - lo && interior.contains(&(t as usize)) {
+                    cands.push(lo + q);
                 }
-            }
-        }
+            },
+        );
         if cands.is_empty() {
             return None;
         }
