@@ -213,7 +213,13 @@ fn check_branch_targets(
     // bytes: they need no decoding (a decode of every function's whole body was most of the
     // time spent analysing thousands of them).
     let mut maybe = false;
-    branch_candidates(&code, func, true, |_, t| {
+    branch_candidates(&code, func, false, |_, t| {
+        maybe |= interior.contains(&t);
+    });
+    // An 8-bit displacement reaches back 128 bytes from its instruction's end: only the
+    // bytes up to 126 past the patched ones (and the displacement after) can hold one.
+    let near = code.len().min(patch_at - func + len + 127);
+    branch_candidates(&code[..near], func, true, |_, t| {
         maybe |= interior.contains(&t);
     });
     if !maybe {
@@ -290,23 +296,31 @@ pub(crate) fn branch_candidates(
     // this runs over whole segments (megabytes), where a byte-by-byte match mispredicted
     // its way to a few nanoseconds a byte.
     let mut q0 = 0;
-    while q0 + 16 <= code.len() {
+    // The byte after each is loaded too (17 bytes), so two-byte opcodes (`0f 8x`, `c7 f8`)
+    // are matched whole: `0f` alone starts most of the instruction set's longer opcodes.
+    while q0 + 17 <= code.len() {
         use std::arch::x86_64::*;
-        // SAFETY: SSE2 is part of the x86_64 baseline; the load reads the 16 bytes at q0,
-        // inside `code`.
+        // SAFETY: SSE2 is part of the x86_64 baseline; the loads read the 16 bytes at q0 and
+        // at q0 + 1, inside `code`.
         let mask = unsafe {
             let v = _mm_loadu_si128(code.as_ptr().add(q0).cast::<__m128i>());
-            let is = |mask: u8, byte: u8| {
+            let next = _mm_loadu_si128(code.as_ptr().add(q0 + 1).cast::<__m128i>());
+            let is = |v: __m128i, mask: u8, byte: u8| {
                 _mm_cmpeq_epi8(
                     _mm_and_si128(v, _mm_set1_epi8(mask as i8)),
                     _mm_set1_epi8(byte as i8),
                 )
             };
-            let mut m = _mm_or_si128(is(0xfe, 0xe8), _mm_or_si128(is(0xff, 0x0f), is(0xff, 0xc7)));
+            let jcc32 = _mm_and_si128(is(v, 0xff, 0x0f), is(next, 0xf0, 0x80));
+            let xbegin = _mm_and_si128(is(v, 0xff, 0xc7), is(next, 0xff, 0xf8));
+            let mut m = _mm_or_si128(is(v, 0xfe, 0xe8), _mm_or_si128(jcc32, xbegin));
             if short {
                 m = _mm_or_si128(
                     m,
-                    _mm_or_si128(is(0xf0, 0x70), _mm_or_si128(is(0xfc, 0xe0), is(0xff, 0xeb))),
+                    _mm_or_si128(
+                        is(v, 0xf0, 0x70),
+                        _mm_or_si128(is(v, 0xfc, 0xe0), is(v, 0xff, 0xeb)),
+                    ),
                 );
             }
             _mm_movemask_epi8(m) as u32
