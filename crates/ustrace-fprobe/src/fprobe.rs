@@ -18,6 +18,7 @@
 //! will enter one.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -48,10 +49,35 @@ struct SiteRec {
     internal: Vec<bool>,
 }
 
+/// Hashes the registry's keys, code addresses, with one multiply: the standard SipHash was a
+/// visible share of registering thousands of functions at once, and the keys are not chosen
+/// by an adversary.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        // Both ends of the result matter to the table (bucket index and tag bits).
+        self.0 = (n as u64)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+}
+
 type FilterEntry = (std::sync::Weak<Mutex<FpState>>, std::sync::Weak<Probe>);
 
 struct Registry {
-    sites: HashMap<usize, SiteRec>,
+    sites: HashMap<usize, SiteRec, BuildHasherDefault<AddrHasher>>,
     /// Filter-registered fprobes, re-applied after dlopen.
     filters: Vec<FilterEntry>,
     free_slots: Vec<u32>,
@@ -65,7 +91,7 @@ fn registry() -> MutexGuard<'static, Option<Registry>> {
     let mut g = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     if g.is_none() {
         *g = Some(Registry {
-            sites: HashMap::new(),
+            sites: HashMap::default(),
             filters: Vec::new(),
             free_slots: Vec::new(),
             next_slot: 0,
@@ -132,6 +158,36 @@ fn is_glibc(path: &str) -> bool {
         .any(|p| base.starts_with(p))
 }
 
+/// A quick necessary condition for `name` to match the glob `pat`: it starts with the
+/// pattern's literal text before its first wildcard and ends with the text after its last.
+/// Every C-library function is held against every [`NOTRACE`] pattern when a tracer is
+/// switched on for all of them; this turns nearly all of those away without the matcher.
+#[cfg(test)]
+fn literal_ends_match(pat: &str, name: &str) -> bool {
+    let (head, tail) = literal_ends(pat);
+    name.starts_with(head) && name.ends_with(tail)
+}
+
+/// The literal text of `pat` before its first wildcard and after its last.
+fn literal_ends(pat: &str) -> (&str, &str) {
+    const WILD: [char; 4] = ['*', '?', '[', '\\'];
+    let head = pat.find(WILD).unwrap_or(pat.len());
+    let tail = pat.rfind(WILD).map_or(0, |i| i + 1);
+    (&pat[..head], &pat[tail..])
+}
+
+/// [`literal_ends`] of every [`NOTRACE`] pattern, in its order, worked out once.
+fn notrace_ends() -> &'static [(&'static str, &'static str)] {
+    static ENDS: std::sync::OnceLock<Vec<(&'static str, &'static str)>> =
+        std::sync::OnceLock::new();
+    ENDS.get_or_init(|| {
+        NOTRACE
+            .iter()
+            .map(|(pat, _, _)| literal_ends(pat))
+            .collect()
+    })
+}
+
 /// Why the function at `addr` (named `first` by the caller, plus every name the inventory has
 /// for it) may not be probed by an fprobe that does (or does not) hook the return.
 fn notrace(symbols: &[Symbol], addr: usize, first: &str, hooks_return: bool) -> Option<String> {
@@ -147,8 +203,10 @@ fn notrace(symbols: &[Symbol], addr: usize, first: &str, hooks_return: bool) -> 
             continue;
         }
         let plain = n.split('@').next().unwrap_or(n);
-        for (pat, why, exit_only) in NOTRACE {
+        for ((pat, why, exit_only), (head, tail)) in NOTRACE.iter().zip(notrace_ends()) {
             if (!exit_only || hooks_return)
+                && plain.starts_with(head)
+                && plain.ends_with(tail)
                 && ustrace_inspect::symbols::glob_match(pat.as_bytes(), plain.as_bytes())
             {
                 return Some(format!("{why} (notrace: {plain})"));
@@ -510,11 +568,18 @@ fn attach(
     let mut refused = Vec::new();
     let mut ok = Vec::new();
     let hooks_return = probe.exit.is_some() && !no_return_hook;
+    // Functions seen for the first time are analysed together (their code read in runs).
+    let mut fresh: Vec<&Target> = targets
+        .iter()
+        .filter(|t| !reg.sites.contains_key(&t.addr))
+        .collect();
+    fresh.sort_unstable_by_key(|t| t.addr);
+    fresh.dedup_by_key(|t| t.addr);
+    for rec in new_sites(&fresh, symbols) {
+        reg.sites.insert(rec.site.func, rec);
+    }
     for t in targets {
-        let rec = reg
-            .sites
-            .entry(t.addr)
-            .or_insert_with(|| new_site(&t, symbols));
+        let rec = &reg.sites[&t.addr];
         // An IFUNC symbol is listed at the implementation its resolver selected (see
         // ustrace-inspect), which is ordinary code: it is judged like any other function.
         let reason = if let Some(why) = notrace(symbols, t.addr, &t.name, hooks_return) {
@@ -592,29 +657,51 @@ fn attach(
     Ok((ok, refused))
 }
 
-fn new_site(t: &Target, symbols: &[Symbol]) -> SiteRec {
-    let site: &'static Site = Box::leak(Box::new(Site {
-        orig_stub: Default::default(),
-        func: t.addr,
-        probes: AtomicPtr::new(std::ptr::null_mut()),
-        no_return_hook: AtomicBool::new(false),
-    }));
-    let code = if excluded(&t.name).is_some() {
-        Err("not analysed".to_string())
-    } else {
-        arch::build_site(t.addr, t.size, site as *const Site as usize, symbols)
-    };
-    if let Ok(c) = &code {
-        site.orig_stub.store(c.orig_stub, Ordering::Release);
-    }
-    SiteRec {
-        site,
-        name: t.name.clone(),
-        code,
-        patched: false,
-        probes: Vec::new(),
-        internal: Vec::new(),
-    }
+fn new_sites(targets: &[&Target], symbols: &[Symbol]) -> Vec<SiteRec> {
+    let sites: Vec<&'static Site> = targets
+        .iter()
+        .map(|t| {
+            &*Box::leak(Box::new(Site {
+                orig_stub: Default::default(),
+                func: t.addr,
+                probes: AtomicPtr::new(std::ptr::null_mut()),
+                no_return_hook: AtomicBool::new(false),
+            }))
+        })
+        .collect();
+    let reqs: Vec<arch::SiteRequest> = targets
+        .iter()
+        .zip(&sites)
+        .filter(|(t, _)| excluded(&t.name).is_none())
+        .map(|(t, site)| arch::SiteRequest {
+            func: t.addr,
+            size: t.size,
+            site: *site as *const Site as usize,
+        })
+        .collect();
+    let mut built = arch::build_sites(&reqs, symbols).into_iter();
+    targets
+        .iter()
+        .zip(sites)
+        .map(|(t, site)| {
+            let code = if excluded(&t.name).is_some() {
+                Err("not analysed".to_string())
+            } else {
+                built.next().expect("one result per request")
+            };
+            if let Ok(c) = &code {
+                site.orig_stub.store(c.orig_stub, Ordering::Release);
+            }
+            SiteRec {
+                site,
+                name: t.name.clone(),
+                code,
+                patched: false,
+                probes: Vec::new(),
+                internal: Vec::new(),
+            }
+        })
+        .collect()
 }
 
 fn detach(reg: &mut Registry, probe: &Arc<Probe>, funcs: &[usize]) -> Result<(), Error> {
@@ -915,5 +1002,36 @@ mod tests {
         assert!(notrace(&syms, 0x3000, "clone_widget", true).is_none());
         assert!(notrace(&syms, 0x4000, "memcpy", true).is_none());
         assert!(notrace(&syms, 0x5000, "ustrace_fprobe_thing", false).is_some());
+    }
+
+    #[test]
+    fn literal_ends_turn_away_only_names_the_glob_cannot_match() {
+        let names = [
+            "__lll_lock_wait_private",
+            "__lll_lock_wake_private",
+            "__lll_lock_wait",
+            "_setjmp",
+            "setjmp",
+            "__sigsetjmp",
+            "madvise",
+            "x",
+            "",
+            "clone3",
+            "__clone_internal",
+            "_dl_runtime_resolve_xsavec",
+            "start_thread",
+            "start_threads",
+        ];
+        for (pat, _, _) in NOTRACE {
+            for n in names {
+                let full = ustrace_inspect::symbols::glob_match(pat.as_bytes(), n.as_bytes());
+                assert!(!full || literal_ends_match(pat, n), "{pat} {n}");
+            }
+        }
+        assert!(!literal_ends_match(
+            "__lll_lock_wa*_private",
+            "__lll_lock_wait"
+        ));
+        assert!(literal_ends_match("a?c*z", "abcz") && !literal_ends_match("a?c*z", "bbcz"));
     }
 }

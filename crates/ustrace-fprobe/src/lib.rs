@@ -63,7 +63,8 @@
 //!   backtraces) and on `dlopen` (filters re-applied to new libraries).
 //! - [`static_key`]: jump labels for tracepoints, patched by the same code.
 //! - `arch/x86_64/`: everything that knows the instruction set — `text_poke` (the kernel's
-//!   int3 protocol + SIGTRAP routing + rendezvous), `insn` (prologue analysis/relocation),
+//!   int3 protocol, batched into one write per run of neighbouring sites and step, + SIGTRAP
+//!   routing + rendezvous), `insn` (prologue analysis/relocation),
 //!   `entries` (other ways into a prologue: symbols and branches anywhere in the object),
 //!   `trampoline` (asm, stub memory), `regs` ([`PtRegs`]). Other architectures get
 //!   `arch/unsupported.rs`: registration returns [`Error::Unsupported`].

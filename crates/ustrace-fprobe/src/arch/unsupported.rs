@@ -65,13 +65,17 @@ pub(crate) fn patch_jump_labels(
 
 const WHY: &str = "fprobes are implemented for x86_64 only";
 
-pub(crate) fn build_site(
-    _func: usize,
-    _size: Option<usize>,
-    _site: usize,
+pub(crate) struct SiteRequest {
+    pub func: usize,
+    pub size: Option<usize>,
+    pub site: usize,
+}
+
+pub(crate) fn build_sites(
+    reqs: &[SiteRequest],
     _symbols: &[ustrace_inspect::symbols::Symbol],
-) -> Result<SiteCode, String> {
-    Err(WHY.into())
+) -> Vec<Result<SiteCode, String>> {
+    reqs.iter().map(|_| Err(WHY.into())).collect()
 }
 
 pub(crate) fn analyze_only(

@@ -366,7 +366,8 @@ pub(crate) fn targets(instance: &Arc<Instance>) -> (Vec<usize>, Vec<Refusal>) {
             continue;
         }
         let (name, _) = inv.lookup(s.addr).unwrap_or((s, 0));
-        if tracer_internal(&name.name) || tracer_internal(&s.name) {
+        // Usually both are the same symbol: its name is judged once.
+        if tracer_internal(&name.name) || (s.name != name.name && tracer_internal(&s.name)) {
             own.push(Refusal {
                 function: name.name.clone(),
                 addr: s.addr,

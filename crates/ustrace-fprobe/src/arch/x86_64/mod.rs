@@ -92,17 +92,30 @@ mod trampoline;
 pub use regs::PtRegs;
 pub(crate) use trampoline::{return_trampoline, SiteCode};
 
-/// Analyses and prepares (but does not patch) the function at `func` for the dispatcher site at
-/// address `site`. `symbols` is every known function sorted by address (other entry points).
-pub(crate) fn build_site(
-    func: usize,
-    size: Option<usize>,
-    site: usize,
+/// One function to prepare: its address, its size when known, and the address of the
+/// dispatcher `Site` its entry stub passes on.
+pub(crate) struct SiteRequest {
+    pub func: usize,
+    pub size: Option<usize>,
+    pub site: usize,
+}
+
+/// Analyses and prepares (but does not patch) every requested function. `symbols` is every
+/// known function sorted by address (other entry points). The code of all of them is read
+/// up front, in runs of neighbouring functions.
+pub(crate) fn build_sites(
+    reqs: &[SiteRequest],
     symbols: &[Symbol],
-) -> Result<SiteCode, String> {
-    let prologue = insn::analyze(func, size)?;
-    entries::check(func, prologue.patch_at, prologue.len, symbols)?;
-    trampoline::build_site(prologue, site)
+) -> Vec<Result<SiteCode, String>> {
+    let funcs: Vec<(usize, Option<usize>)> = reqs.iter().map(|r| (r.func, r.size)).collect();
+    let code = insn::CodeCache::read(&funcs);
+    reqs.iter()
+        .map(|r| {
+            let prologue = insn::analyze(r.func, r.size, &code)?;
+            entries::check(r.func, prologue.patch_at, prologue.len, symbols)?;
+            trampoline::build_site(prologue, r.site)
+        })
+        .collect()
 }
 
 /// Points every given site's first bytes at its entry stub.
@@ -110,6 +123,8 @@ pub(crate) fn patch_sites(
     sites: &[&SiteCode],
     guard: &MutexGuard<'static, ()>,
 ) -> Result<(), Error> {
+    // The stubs the new jumps lead to are in memory before the first jump is.
+    trampoline::flush_code()?;
     let pokes: Result<Vec<_>, Error> = sites
         .iter()
         .map(|s| {
@@ -167,7 +182,7 @@ pub(crate) fn analyze_only(
     size: Option<usize>,
     symbols: &[Symbol],
 ) -> Result<(), String> {
-    let prologue = insn::analyze(func, size)?;
+    let prologue = insn::analyze(func, size, &insn::CodeCache::default())?;
     entries::check(func, prologue.patch_at, prologue.len, symbols)
 }
 

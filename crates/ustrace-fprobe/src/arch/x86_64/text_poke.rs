@@ -25,7 +25,11 @@
 //!
 //! Bytes are written through `/proc/self/mem`, which the kernel lets a process use to write its own
 //! read-only text without changing page protections (no W+X window, no `mprotect` races between
-//! two patches of one page).
+//! two patches of one page). A batch reads the text under its sites once, in spans of sites on
+//! the same or adjacent pages, and writes each span whole in each step (the bytes between
+//! sites with the values they hold): a few system calls per step for thousands of sites. The
+//! reads, writes and membarriers are `syscall` instructions of this module, not libc calls,
+//! so the patcher never runs through a function it has just armed.
 //!
 //! The rendezvous (step 3) exists because a multi-instruction prologue replaced by one `jmp rel32`
 //! leaves instruction boundaries inside the new bytes: a thread that was preempted between two
@@ -41,7 +45,6 @@
 //! batch is rolled back after 2 s. A debugger that swallows the signal defeats this.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -179,19 +182,68 @@ fn proc_mem() -> Result<&'static File, Error> {
     .map_err(|e| Error::Unsupported(format!("cannot open /proc/self/mem for text writes: {e}")))
 }
 
+/// A system call made with the `syscall` instruction itself, not through libc. The patcher
+/// reads and writes code, and serialises cores, between arming a batch's int3s and removing
+/// them, and libc's `pread`/`pwrite`/`syscall` may be among the functions being patched: through
+/// them every step would trap into its own emulation (or, once they are patched, run the
+/// tracer's handlers for the patcher's own writes). Returns the kernel's result: a count, or
+/// `-errno`.
+fn raw_syscall4(nr: libc::c_long, a1: usize, a2: usize, a3: usize, a4: usize) -> isize {
+    let ret: isize;
+    // SAFETY: the callers pass the arguments their system call documents (valid buffers of
+    // the given lengths); `syscall` clobbers rcx and r11 only, and touches no stack.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") nr as isize => ret,
+            in("rdi") a1,
+            in("rsi") a2,
+            in("rdx") a3,
+            in("r10") a4,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+/// `pread64`/`pwrite64` of all of `len` bytes at `addr` of /proc/self/mem.
+fn mem_rw(write: bool, addr: usize, buf: *mut u8, len: usize) -> Result<(), std::io::Error> {
+    use std::os::fd::AsRawFd;
+    let fd = proc_mem()
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+        .as_raw_fd() as usize;
+    let nr = if write {
+        libc::SYS_pwrite64
+    } else {
+        libc::SYS_pread64
+    };
+    let mut done = 0;
+    while done < len {
+        let r = raw_syscall4(nr, fd, buf as usize + done, len - done, addr + done);
+        match r {
+            n if n > 0 => done += n as usize,
+            0 => return Err(std::io::Error::from_raw_os_error(libc::EIO)),
+            e if e == -(libc::EINTR as isize) => {}
+            e => return Err(std::io::Error::from_raw_os_error(-e as i32)),
+        }
+    }
+    Ok(())
+}
+
 /// Writes code bytes; the caller guarantees no thread can execute `addr..addr+bytes.len()` in a
-/// way that observes a partial write (int3 guard or single byte).
+/// way that observes a partial write (int3 guard or single byte, or bytes written with the
+/// values they already hold).
 pub(crate) fn write_text(addr: usize, bytes: &[u8]) -> Result<(), Error> {
-    let mem = proc_mem()?;
-    mem.write_all_at(bytes, addr as u64)
+    mem_rw(true, addr, bytes.as_ptr().cast_mut(), bytes.len())
         .map_err(|e| Error::Patch(format!("writing {} bytes at {addr:#x}: {e}", bytes.len())))
 }
 
 /// Reads current code bytes (through /proc/self/mem so unmapped addresses give an error, not a
 /// fault).
 pub(crate) fn read_text(addr: usize, out: &mut [u8]) -> Result<(), Error> {
-    let mem = proc_mem()?;
-    mem.read_exact_at(out, addr as u64)
+    mem_rw(false, addr, out.as_mut_ptr(), out.len())
         .map_err(|e| Error::Patch(format!("reading {} bytes at {addr:#x}: {e}", out.len())))
 }
 
@@ -200,32 +252,27 @@ const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 16;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 32;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_long = 64;
 
-fn membarrier(cmd: libc::c_long) -> libc::c_long {
-    // SAFETY: membarrier takes two integers and touches no user memory.
-    unsafe {
-        libc::syscall(
-            libc::SYS_membarrier,
-            cmd,
-            0 as libc::c_long,
-            0 as libc::c_long,
-        )
-    }
+/// `membarrier(cmd, 0, 0)`: 0 or `-errno` (a raw call, as [`raw_syscall4`] says why).
+fn membarrier(cmd: libc::c_long) -> isize {
+    raw_syscall4(libc::SYS_membarrier, cmd as usize, 0, 0, 0)
 }
 
 /// Registers the process for both expedited membarrier flavours, once.
 pub(crate) fn membarrier_init() -> Result<(), Error> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
-        if membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) != 0 {
+        let r = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE);
+        if r != 0 {
             return Err(format!(
                 "membarrier(REGISTER_PRIVATE_EXPEDITED_SYNC_CORE): {}",
-                std::io::Error::last_os_error()
+                std::io::Error::from_raw_os_error(-r as i32)
             ));
         }
-        if membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0 {
+        let r = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
+        if r != 0 {
             return Err(format!(
                 "membarrier(REGISTER_PRIVATE_EXPEDITED): {}",
-                std::io::Error::last_os_error()
+                std::io::Error::from_raw_os_error(-r as i32)
             ));
         }
         Ok(())
@@ -546,6 +593,88 @@ fn rendezvous() -> Result<(), Error> {
     result
 }
 
+const PAGE: usize = 4096;
+
+/// Groups the byte ranges of a batch's pokes (sorted, not overlapping) into spans that are
+/// each read once and written whole in every step of the protocol: one `/proc/self/mem`
+/// write per span and step instead of one per site (each write costs a system call and a
+/// page-table walk; thousands of functions are patched at once). A range joins the span
+/// before it when it starts on the page where that span ends or on the next one, so every
+/// page a span covers holds part of a poke: it is mapped, and written anyway.
+fn plan_spans(ranges: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    for &(start, end) in ranges {
+        match spans.last_mut() {
+            Some(last) if start / PAGE <= (last.1 - 1) / PAGE + 1 => last.1 = last.1.max(end),
+            _ => spans.push((start, end)),
+        }
+    }
+    spans
+}
+
+/// The current text under a batch's spans, modified step by step and written back whole.
+/// Bytes between pokes are written with the values just read from them: the text mutex is
+/// held, so no other writer changes them meanwhile, and a thread executing them fetches the
+/// same bytes before and after.
+struct Spans {
+    spans: Vec<(usize, Vec<u8>)>,
+    /// For every poke (in the caller's order): its span and offset in it.
+    at: Vec<(usize, usize)>,
+}
+
+impl Spans {
+    fn read(pokes: &[Poke]) -> Result<Spans, Error> {
+        let mut order: Vec<usize> = (0..pokes.len()).collect();
+        order.sort_unstable_by_key(|&i| pokes[i].addr);
+        let ranges: Vec<(usize, usize)> = order
+            .iter()
+            .map(|&i| (pokes[i].addr, pokes[i].addr + pokes[i].new.len()))
+            .collect();
+        if let Some(w) = ranges.windows(2).find(|w| w[0].1 > w[1].0) {
+            return Err(Error::Patch(format!(
+                "two changes of one batch overlap at {:#x} and {:#x}",
+                w[0].0, w[1].0
+            )));
+        }
+        let mut spans = Vec::new();
+        for (start, end) in plan_spans(&ranges) {
+            let mut buf = vec![0u8; end - start];
+            read_text(start, &mut buf)?;
+            spans.push((start, buf));
+        }
+        let mut at = vec![(0, 0); pokes.len()];
+        let mut s = 0;
+        for &i in &order {
+            let addr = pokes[i].addr;
+            while addr >= spans[s].0 + spans[s].1.len() {
+                s += 1;
+            }
+            at[i] = (s, addr - spans[s].0);
+        }
+        Ok(Spans { spans, at })
+    }
+
+    /// Sets the bytes of poke `i` from `from` on to `bytes`.
+    fn set(&mut self, i: usize, from: usize, bytes: &[u8]) {
+        let (s, off) = self.at[i];
+        self.spans[s].1[off + from..off + from + bytes.len()].copy_from_slice(bytes);
+    }
+
+    fn byte(&self, i: usize) -> u8 {
+        let (s, off) = self.at[i];
+        self.spans[s].1[off]
+    }
+
+    /// Writes the first `n` spans (all with `usize::MAX`); on error, how many were written
+    /// whole before the one that failed.
+    fn write(&self, n: usize) -> Result<(), (usize, Error)> {
+        for (k, (start, buf)) in self.spans.iter().take(n).enumerate() {
+            write_text(*start, buf).map_err(|e| (k, e))?;
+        }
+        Ok(())
+    }
+}
+
 /// Applies a batch of pokes with the int3 protocol. Caller holds [`text_lock`].
 pub(crate) fn poke_batch(pokes: &[Poke], _guard: &MutexGuard<'static, ()>) -> Result<(), Error> {
     if pokes.is_empty() {
@@ -553,51 +682,48 @@ pub(crate) fn poke_batch(pokes: &[Poke], _guard: &MutexGuard<'static, ()>) -> Re
     }
     membarrier_init()?;
     install_handlers()?;
-    let mut olds: Vec<u8> = Vec::with_capacity(pokes.len());
     for p in pokes {
         assert!(
             !p.new.is_empty() && p.new.len() <= 15,
             "poke length {}",
             p.new.len()
         );
-        let mut b = [0u8; 1];
-        read_text(p.addr, &mut b)?;
-        olds.push(b[0]);
+    }
+    let mut text = Spans::read(pokes)?;
+    let olds: Vec<u8> = (0..pokes.len()).map(|i| text.byte(i)).collect();
+    for p in pokes {
         trap_set(p.addr, p.trap_resume)?;
     }
-    // Step 1: int3 on every site.
-    let mut armed = 0;
-    let mut err = None;
-    for p in pokes {
-        if let Err(e) = write_text(p.addr, &[0xCC]) {
-            err = Some(e);
-            break;
-        }
-        armed += 1;
-    }
-    sync_core();
     let moves: Vec<(usize, usize)> = pokes
         .iter()
         .flat_map(|p| p.interior.iter().copied())
         .collect();
+    // Step 1: int3 on every site.
+    for i in 0..pokes.len() {
+        text.set(i, 0, &[0xCC]);
+    }
+    let mut err = text.write(usize::MAX).err();
+    sync_core();
     if err.is_none() && !moves.is_empty() {
         // Published before any thread is asked, kept for as long as the jmp is in place.
         for &(old, new) in &moves {
             if let Err(e) = MOVES.set(old, new) {
-                err = Some(e);
+                err = Some((usize::MAX, e));
                 break;
             }
         }
         if err.is_none() {
             if let Err(e) = rendezvous() {
-                err = Some(e);
+                err = Some((usize::MAX, e));
             }
         }
     }
-    if let Some(e) = err {
-        for (p, old) in pokes.iter().zip(&olds).take(armed) {
-            let _ = write_text(p.addr, &[*old]);
+    if let Some((written, e)) = err {
+        for (i, old) in olds.iter().enumerate() {
+            text.set(i, 0, &[*old]);
         }
+        // The span whose write failed may have been written in part: it is rewritten too.
+        let _ = text.write(written.saturating_add(1));
         sync_core();
         // The old bytes are back: their boundaries are valid again (a thread still moved
         // there later would run the equivalent relocated copy, which is harmless too).
@@ -607,16 +733,18 @@ pub(crate) fn poke_batch(pokes: &[Poke], _guard: &MutexGuard<'static, ()>) -> Re
         return Err(e);
     }
     // Step 4: the tails.
-    for p in pokes {
-        if p.new.len() > 1 {
-            write_text(p.addr + 1, &p.new[1..])?;
-        }
+    for (i, p) in pokes.iter().enumerate() {
+        text.set(i, 1, &p.new[1..]);
     }
-    sync_core();
+    if pokes.iter().any(|p| p.new.len() > 1) {
+        text.write(usize::MAX).map_err(|(_, e)| e)?;
+        sync_core();
+    }
     // Step 5: the first bytes.
-    for p in pokes {
-        write_text(p.addr, &p.new[..1])?;
+    for (i, p) in pokes.iter().enumerate() {
+        text.set(i, 0, &p.new[..1]);
     }
+    text.write(usize::MAX).map_err(|(_, e)| e)?;
     sync_core();
     for p in pokes {
         trap_set(p.addr, p.final_resume)?;
@@ -627,4 +755,62 @@ pub(crate) fn poke_batch(pokes: &[Poke], _guard: &MutexGuard<'static, ()>) -> Re
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_join_ranges_on_the_same_or_the_next_page_only() {
+        let r = [
+            (0x1000, 0x1005),
+            (0x1010, 0x1015),
+            (0x1ffe, 0x2003),
+            (0x2ff0, 0x2ff5),
+            (0x4000, 0x4005),
+            (0x6000, 0x6005),
+        ];
+        assert_eq!(
+            plan_spans(&r),
+            vec![(0x1000, 0x2ff5), (0x4000, 0x4005), (0x6000, 0x6005)]
+        );
+        assert_eq!(plan_spans(&[]), Vec::<(usize, usize)>::new());
+    }
+
+    fn poke(addr: usize, new: &[u8]) -> Poke {
+        Poke {
+            addr,
+            new: new.to_vec(),
+            trap_resume: 0,
+            final_resume: 0,
+            interior: Vec::new(),
+            restores: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn each_poke_finds_its_bytes_in_the_spans_read() {
+        // Readable memory of our own (read through /proc/self/mem as text is).
+        let mem: &'static mut [u8] = Box::leak(vec![0u8; 3 * PAGE].into_boxed_slice());
+        for (i, b) in mem.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let base = mem.as_ptr() as usize;
+        // Out of order on purpose: `at` follows the caller's order.
+        let pokes = [
+            poke(base + 2 * PAGE + 7, &[1, 2, 3, 4, 5]),
+            poke(base + 3, &[9]),
+            poke(base + 10, &[8, 8]),
+        ];
+        let mut text = Spans::read(&pokes).unwrap();
+        for (i, p) in pokes.iter().enumerate() {
+            assert_eq!(text.byte(i), mem[p.addr - base], "poke {i}");
+        }
+        text.set(0, 1, &[2, 3, 4, 5]);
+        let (s, off) = text.at[0];
+        assert_eq!(&text.spans[s].1[off + 1..off + 5], &[2, 3, 4, 5]);
+        let overlapping = [poke(base + 3, &[1, 2]), poke(base + 4, &[1])];
+        assert!(Spans::read(&overlapping).is_err());
+    }
 }

@@ -34,8 +34,10 @@
 //! across the entry trampoline (they carry no value at a function boundary).
 //!
 //! Stub memory is mapped read-execute and filled through `/proc/self/mem` (as patched text
-//! is), one write per stub when it is built: no W+X mapping, and no `mprotect` flips that could
-//! race with a thread running an older stub of the same page.
+//! is): no W+X mapping, and no `mprotect` flips that could race with a thread running an older
+//! stub of the same page. Stubs built one after another lie one after another in their chunk;
+//! they are queued and written together, one write per run, before any jump to them is
+//! patched in ([`flush_code`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -359,7 +361,7 @@ pub(crate) struct SiteCode {
 const ENTRY_STUB_LEN: usize = 32;
 
 /// Writes the analysed function's entry stub (bound to `site`) and relocated
-/// prologue into fresh stub memory. Nothing is patched yet.
+/// prologue into fresh stub memory (queued for [`flush_code`]). Nothing is patched yet.
 pub(crate) fn build_site(prologue: super::insn::Prologue, site: usize) -> Result<SiteCode, String> {
     let mem = alloc_code_near(
         prologue.patch_at,
@@ -374,9 +376,9 @@ pub(crate) fn build_site(prologue: super::insn::Prologue, site: usize) -> Result
     stub.extend_from_slice(&super::insn::abs_jmp(entry_trampoline()));
     assert!(stub.len() <= ENTRY_STUB_LEN);
     // Both ranges were just carved out of a chunk and nothing executes them until a later
-    // patch publishes them (the patch serialises every core first).
-    super::write_code(entry_stub, &stub).map_err(|e| e.to_string())?;
-    super::write_code(orig_stub, &relocated).map_err(|e| e.to_string())?;
+    // patch publishes them (the patch writes them first and serialises every core).
+    queue_code(entry_stub, &stub);
+    queue_code(orig_stub, &relocated);
     Ok(SiteCode {
         entry_stub,
         orig_stub,
@@ -384,4 +386,50 @@ pub(crate) fn build_site(prologue: super::insn::Prologue, site: usize) -> Result
         original: prologue.original,
         interior,
     })
+}
+
+/// Stub bytes built but not written yet, as runs `(start, bytes)`.
+static PENDING: Mutex<Vec<(usize, Vec<u8>)>> = Mutex::new(Vec::new());
+
+/// Largest gap between two queued stubs that one run bridges (far less than the guard page
+/// `map_chunk_near` leaves around every chunk, so a bridged gap never leaves its chunk).
+const MAX_GAP: usize = 256;
+
+/// Queues `bytes` for `addr` (stub memory that nothing executes yet), joining them to the run
+/// they follow closely. The bytes of a gap are carried with the values they hold now.
+fn queue_code(addr: usize, bytes: &[u8]) {
+    let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((start, run)) = pending.last_mut() {
+        let end = *start + run.len();
+        if addr >= end && addr - end <= MAX_GAP {
+            // SAFETY: `end - 1` and `addr` both lie in stub chunks, and two different chunks
+            // (or a chunk and any other mapping) are at least a guard page apart, so the gap
+            // is readable memory of one chunk; only build_site writes chunk memory, and the
+            // gap is not queued (allocation is monotonic in a chunk, so a later stub would be
+            // the last run) nor being written (the lock is held).
+            let gap = unsafe { std::slice::from_raw_parts(end as *const u8, addr - end) };
+            run.extend_from_slice(gap);
+            run.extend_from_slice(bytes);
+            return;
+        }
+    }
+    pending.push((addr, bytes.to_vec()));
+}
+
+/// Writes every queued stub. Called before a patch publishes a jump to a stub; a run that
+/// could not be written stays queued (and the patch fails), so no jump ever reaches a stub
+/// that is not in memory.
+pub(crate) fn flush_code() -> Result<(), crate::Error> {
+    let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut written = 0;
+    let mut res = Ok(());
+    for (start, run) in pending.iter() {
+        if let Err(e) = super::write_code(*start, run) {
+            res = Err(e);
+            break;
+        }
+        written += 1;
+    }
+    pending.drain(..written);
+    res
 }
