@@ -273,6 +273,26 @@ fn ts() -> *mut ThreadState {
     TS.with(|t| t.get())
 }
 
+/// The thread id, by the `syscall` instruction itself: libc's `syscall()` may be a probed
+/// function, and this runs on a thread's first hit, before it can recurse safely.
+#[cfg(target_arch = "x86_64")]
+fn gettid() -> i32 {
+    let tid: isize;
+    // SAFETY: gettid takes no arguments, touches no memory and cannot fail; rcx and r11 are
+    // clobbered by the instruction.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_gettid as isize => tid,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack, nomem, preserves_flags)
+        )
+    };
+    tid as i32
+}
+
+#[cfg(not(target_arch = "x86_64"))]
 fn gettid() -> i32 {
     // SAFETY: no arguments.
     unsafe { libc::syscall(libc::SYS_gettid) as i32 }
@@ -340,14 +360,18 @@ unsafe fn enter(ts: *mut ThreadState) -> bool {
 unsafe fn enter_slow(ts: *mut ThreadState) -> bool {
     // SAFETY: caller passes this thread's state.
     unsafe {
+        if (*ts).busy {
+            return false;
+        }
         if (*ts).qslot == QSLOT_NONE {
+            // Claiming calls into libc (pthread_setspecific), which may be probed: a hit
+            // in there finds the thread busy and counts as missed instead of recursing.
+            (*ts).busy = true;
             claim_slot(ts);
+            (*ts).busy = false;
             if !(*ts).qcounter.is_null() {
                 return enter(ts);
             }
-        }
-        if (*ts).busy {
-            return false;
         }
         (*ts).busy = true;
     }
