@@ -163,7 +163,6 @@ pub(crate) struct Running {
     kind: Kind,
     fprobe: Option<Fprobe>,
     live: Arc<Live>,
-    refused: Vec<Refusal>,
 }
 
 /// The tracer part of an instance's state.
@@ -396,12 +395,12 @@ pub fn switch(instance: &Arc<Instance>, kind: Kind) -> Result<(), Errno> {
         st.tracer.current.store(kind.code(), Ordering::Release);
         return Ok(());
     }
-    let started = start(instance, &st, kind)?;
+    let (started, refused) = start(instance, &st, kind)?;
     st.tracer.patched.store(
         started.fprobe.as_ref().map_or(0, |f| f.functions().len()),
         Ordering::Relaxed,
     );
-    *st.tracer.refused.lock().unwrap_or_else(|e| e.into_inner()) = started.refused.clone();
+    *st.tracer.refused.lock().unwrap_or_else(|e| e.into_inner()) = refused;
     // As the kernel's tracer switch: the buffer starts empty for the new tracer.
     instance.reset_buffer();
     *running = Some(started);
@@ -440,7 +439,12 @@ fn graph_set(instance: &Arc<Instance>, kind: SetKind) -> Arc<FunctionSet> {
     }
 }
 
-fn start(instance: &Arc<Instance>, st: &super::State, kind: Kind) -> Result<Running, Errno> {
+/// Starts `kind` on the instance: what runs, and the functions it could not patch.
+fn start(
+    instance: &Arc<Instance>,
+    st: &super::State,
+    kind: Kind,
+) -> Result<(Running, Vec<Refusal>), Errno> {
     let slot = if kind == Kind::Graph {
         claim_slot().ok_or(Errno(libc::EBUSY))?
     } else {
@@ -468,12 +472,7 @@ fn start(instance: &Arc<Instance>, st: &super::State, kind: Kind) -> Result<Runn
             return Err(e);
         }
     };
-    Ok(Running {
-        kind,
-        fprobe,
-        live,
-        refused,
-    })
+    Ok((Running { kind, fprobe, live }, refused))
 }
 
 fn claim_slot() -> Option<usize> {
@@ -546,8 +545,7 @@ pub(crate) fn sets_changed(instance: &Arc<Instance>, kind: SetKind) {
                 new.as_ref().map_or(0, |f| f.functions().len()),
                 Ordering::Relaxed,
             );
-            *st.tracer.refused.lock().unwrap_or_else(|e| e.into_inner()) = refused.clone();
-            run.refused = refused;
+            *st.tracer.refused.lock().unwrap_or_else(|e| e.into_inner()) = refused;
             if let Some(old) = std::mem::replace(&mut run.fprobe, new) {
                 let _ = old.unregister();
             }
