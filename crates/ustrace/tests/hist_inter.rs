@@ -32,27 +32,9 @@ ustrace::trace_event! {
     print "comm=%s pid=%d prio=%d target_cpu=%03d", comm, pid, prio, target_cpu;
 }
 
-ustrace::trace_event! {
-    pub fn sched::sched_switch(
-        prev_comm: &str,
-        prev_pid: i32,
-        prev_prio: i32,
-        prev_state: i64,
-        next_comm: &str,
-        next_pid: i32,
-        next_prio: i32
-    ) {
-        prev_comm: ustrace::FixedStr<16> = ustrace::FixedStr::new(prev_comm),
-        prev_pid: i32 = prev_pid,
-        prev_prio: i32 = prev_prio,
-        prev_state: i64 = prev_state,
-        next_comm: ustrace::FixedStr<16> = ustrace::FixedStr::new(next_comm),
-        next_pid: i32 = next_pid,
-        next_prio: i32 = next_prio,
-    }
-    print "prev_comm=%s prev_pid=%d prev_prio=%d prev_state=%ld ==> next_comm=%s next_pid=%d next_prio=%d",
-        prev_comm, prev_pid, prev_prio, prev_state, next_comm, next_pid, next_prio;
-}
+#[path = "common/sched_switch.rs"]
+mod sched_events;
+use sched_events::sched_switch;
 
 // A request/response pair that carries its own time (`t`), so latencies are exact.
 ustrace::trace_event! {
