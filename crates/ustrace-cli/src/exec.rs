@@ -205,10 +205,33 @@ fn cover_tracefs(ours: &Path, root: bool) -> Result<Vec<PathBuf>, String> {
             points.insert(0, PathBuf::from(TRACEFS));
         }
     }
+    // A user's tools cannot find a mount point the user cannot reach (the kernel's tracefs
+    // under a root-only /sys/kernel/debug, say), so there is nothing to cover there.
+    if !root {
+        points.retain(|p| reachable(p));
+        if points.is_empty() {
+            return Err(
+                "no tracefs mount point is reachable by this user, so tools would \
+                        not find one; run `ustrace exec` as root"
+                    .to_string(),
+            );
+        }
+    }
     for point in &points {
         bind(ours, point)?;
     }
     Ok(points)
+}
+
+/// Whether the calling user may reach the mount point `dir`: search permission on every
+/// directory on the way to it (not on the point itself: the kernel's tracefs root is 0700,
+/// and binding over it needs no access to what it holds).
+fn reachable(dir: &Path) -> bool {
+    let Ok(path) = cstr(dir.parent().unwrap_or(dir)) else {
+        return false;
+    };
+    // SAFETY: a valid NUL-terminated path for the duration of the call.
+    unsafe { libc::access(path.as_ptr(), libc::X_OK) == 0 }
 }
 
 /// The kernel's switches for tracers a process has not (its function tracer and stack
