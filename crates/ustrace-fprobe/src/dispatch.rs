@@ -273,35 +273,11 @@ fn ts() -> *mut ThreadState {
     TS.with(|t| t.get())
 }
 
-/// The thread id, by the `syscall` instruction itself: libc's `syscall()` may be a probed
-/// function, and this runs on a thread's first hit, before it can recurse safely.
-#[cfg(target_arch = "x86_64")]
-fn gettid() -> i32 {
-    let tid: isize;
-    // SAFETY: gettid takes no arguments, touches no memory and cannot fail; rcx and r11 are
-    // clobbered by the instruction.
-    unsafe {
-        std::arch::asm!(
-            "syscall",
-            inlateout("rax") libc::SYS_gettid as isize => tid,
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack, nomem, preserves_flags)
-        )
-    };
-    tid as i32
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn gettid() -> i32 {
-    // SAFETY: no arguments.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
-}
-
 #[cold]
 #[inline(never)]
 fn claim_slot(ts: *mut ThreadState) {
-    let tid = gettid();
+    // By the syscall instruction: libc's syscall() may be probed, and this is a first hit.
+    let tid = arch::gettid();
     for (i, s) in QSLOTS.iter().enumerate() {
         if s.owner
             .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
@@ -454,7 +430,7 @@ pub(crate) fn after_fork_in_child() {
     let ts = ts();
     // SAFETY: own thread state; the child is single-threaded here.
     let mine = unsafe { (*ts).qslot } as usize;
-    let tid = gettid();
+    let tid = arch::gettid();
     for (i, s) in QSLOTS.iter().enumerate() {
         if i == mine {
             s.owner.store(tid, Ordering::Release);

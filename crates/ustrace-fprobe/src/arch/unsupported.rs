@@ -100,6 +100,11 @@ pub(crate) fn return_trampoline() -> usize {
 
 pub(crate) fn membarrier_all() {}
 
+pub(crate) fn gettid() -> i32 {
+    // SAFETY: gettid takes no arguments.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
 pub(crate) fn code_bytes() -> usize {
     0
 }

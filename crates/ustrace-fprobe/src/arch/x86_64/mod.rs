@@ -2,7 +2,7 @@
 
 mod text_poke;
 
-pub(crate) use text_poke::text_lock;
+pub(crate) use text_poke::{gettid, text_lock};
 #[allow(unused_imports)]
 pub(crate) use text_poke::{
     membarrier_all, membarrier_init, moved_threads, read_text, write_text as write_code,

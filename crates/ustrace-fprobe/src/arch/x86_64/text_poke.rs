@@ -208,6 +208,12 @@ fn raw_syscall4(nr: libc::c_long, a1: usize, a2: usize, a3: usize, a4: usize) ->
     ret
 }
 
+/// The calling thread's id, by [`raw_syscall4`]: the dispatcher asks for it on a thread's
+/// first hit, and the patcher while libc's `syscall()` may be armed or probed.
+pub(crate) fn gettid() -> i32 {
+    raw_syscall4(libc::SYS_gettid, 0, 0, 0, 0) as i32
+}
+
 /// `pread64`/`pwrite64` of all of `len` bytes at `addr` of /proc/self/mem.
 fn mem_rw(write: bool, addr: usize, buf: *mut u8, len: usize) -> Result<(), std::io::Error> {
     use std::os::fd::AsRawFd;
@@ -456,8 +462,7 @@ extern "C" fn on_rendezvous(
         // at zero, which cannot happen while this handler is between its increment and
         // decrement (both SeqCst, as is the owner's store and load).
         let plan = unsafe { &*plan };
-        // SAFETY: gettid has no arguments.
-        let me = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+        let me = gettid();
         for (tid, answered) in &plan.tids {
             if tid.load(Ordering::Relaxed) == me {
                 answered.store(true, Ordering::Release);
@@ -524,8 +529,8 @@ fn signal_blocked(tid: i32, sig: libc::c_int) -> bool {
 /// Asks every other thread to run the rendezvous handler, which moves a thread found at one
 /// of the published interior boundaries (`MOVES`) to its relocated copy.
 fn rendezvous() -> Result<(), Error> {
-    // SAFETY: gettid/getpid take no arguments.
-    let (me, pid) = unsafe { (libc::syscall(libc::SYS_gettid) as i32, libc::getpid()) };
+    // SAFETY: getpid takes no arguments.
+    let (me, pid) = (gettid(), unsafe { libc::getpid() });
     let tids: Vec<i32> = list_threads().into_iter().filter(|&t| t != me).collect();
     let plan = Box::new(RendezvousPlan {
         tids: tids
