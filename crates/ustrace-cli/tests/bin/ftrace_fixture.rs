@@ -212,17 +212,21 @@ fn fixture_alloc(len: usize) -> Vec<u8> {
     buf
 }
 
-/// Starts a thread that only reports its tid, and waits for it: the fixture's fork, named
-/// as the kernel's, so that `f:` probes on `kernel_clone` in the selftests find it.
-/// Returns the child's tid, as the kernel's returns the new pid.
+/// The fixture's fork, named as the kernel's, so that `f:` probes on `kernel_clone` in the
+/// selftests find it: called for each fork the proc connector reports (`reported`, the
+/// child's pid, is returned as the kernel returns the new pid), or, without the connector,
+/// for a fork of the fixture's own: a thread that only reports its tid, waited for.
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn kernel_clone(flags: u64) -> i32 {
+pub extern "C" fn kernel_clone(flags: u64, reported: i32) -> i32 {
+    std::hint::black_box(flags);
+    if reported != 0 {
+        return reported;
+    }
     let child = std::thread::Builder::new()
         .name("fixture-child".into())
         .spawn(tid)
         .expect("spawn");
-    std::hint::black_box(flags);
     child.join().unwrap_or(0)
 }
 
@@ -335,12 +339,14 @@ fn work() {
             let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), me, libc::SIGURG) };
             signal_generate::trace(libc::SIGURG, name, me, r as i32);
         }
-        // The fixture's own fork, now and then (for probes on kernel_clone); forks of the
-        // machine's processes come from the proc connector thread when it runs.
-        if round.is_multiple_of(64)
-            || (!CONNECTOR.load(Ordering::Relaxed) && sched_process_fork::enabled())
+        // Forks of the machine's processes come from the proc connector thread when it runs.
+        // Without it, the fixture forks now and then (for probes on kernel_clone), and every
+        // round while sched_process_fork is on. With it, the fixture does not: a fork of its
+        // own at any time would change a histogram between two reads of a selftest.
+        if !CONNECTOR.load(Ordering::Relaxed)
+            && (round.is_multiple_of(64) || sched_process_fork::enabled())
         {
-            let child_tid = kernel_clone(libc::SIGCHLD as u64);
+            let child_tid = kernel_clone(libc::SIGCHLD as u64, 0);
             sched_process_fork::trace((name, me), ("fixture-child", child_tid));
         }
     }
@@ -409,8 +415,9 @@ fn proc_connector() {
     CONNECTOR.store(true, Ordering::Relaxed);
     // The kernel records a fork inside fork(2); this thread learns of it after a wakeup. A
     // real-time priority (the lowest) keeps that wakeup ahead of the machine's other work,
-    // so the fork is recorded before the shell that forked reads the trace. Best effort.
-    let param = libc::sched_param { sched_priority: 1 };
+    // so the fork is recorded before the shell that forked reads the trace. One above the
+    // worker's, so that a worker round in progress does not hold it back. Best effort.
+    let param = libc::sched_param { sched_priority: 2 };
     // SAFETY: plain syscall on this thread with a valid sched_param.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
     let mut buf = [0u8; 4096];
@@ -434,18 +441,34 @@ fn proc_connector() {
         if event.len() < 32 {
             continue;
         }
+        // The fixture's own threads are left out: the worker records its own forks already,
+        // and a second, later report of them could change a histogram between two reads
+        // that the selftests expect to match.
+        // A thread's fork names the process's parent as its parent: the child's tgid (word
+        // 7) says it is ours. An exit names its own tgid (word 5).
+        let me = std::process::id();
+        let own = if word(0) == PROC_EVENT_FORK {
+            word(7) == me
+        } else {
+            word(5) == me
+        };
         if word(0) == PROC_EVENT_EXIT {
             // exit: process_pid, process_tgid, exit_code, exit_signal, ...
             let pid = word(4) as i32;
+            if own {
+                continue;
+            }
             if sched_process_exit::enabled() {
                 sched_process_exit::trace(&comm_of(pid), pid);
             }
             continue;
         }
-        if word(0) != PROC_EVENT_FORK {
+        // fork: parent_pid, parent_tgid, child_pid, child_tgid.
+        if word(0) != PROC_EVENT_FORK || own {
             continue;
         }
         let (parent, child) = (word(4) as i32, word(6) as i32);
+        kernel_clone(libc::SIGCHLD as u64, child);
         if sched_process_fork::enabled() {
             let (pc, cc) = (comm_of(parent), comm_of(child));
             sched_process_fork::trace((&pc, parent), (&cc, child));
