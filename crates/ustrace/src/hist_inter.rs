@@ -26,7 +26,7 @@ use ustrace_filter::FieldClass;
 
 use crate::event::{FieldDesc, FieldKind};
 use crate::stage::hist::inter::{
-    Action, FieldRead, Inter, Param, RefSlot, SaveVar, SnapshotState, StrVar, TraceAction,
+    Action, FieldRead, Inter, Param, RefSlot, SaveVar, SnapshotState, StrFrom, StrVar, TraceAction,
     TrackThen, SAVE_STR_MAX,
 };
 use crate::stage::hist::{Hist, STACKTRACE_DEPTH};
@@ -522,11 +522,11 @@ fn trace_action(
                 return Err(HistError::new(K::ParamNotFound, data.errpos(vname)));
             };
             let (c, s, sg) = (found.c_type.clone(), found.size, found.signed);
-            let string = if is_stack_type(&found.c_type) {
-                Some(stack_param(t, data, &found))
-            } else {
-                found.is_string.then(|| string_param(t, &found))
-            };
+            // A string or a stack is passed from the entry that keeps its bytes or frames,
+            // also through an alias (`x=$str`), which carries the type of the variable it
+            // names but keeps nothing itself.
+            let kept = found.is_string || is_stack_type(&c) || is_string_type(&c);
+            let string = kept.then(|| kept_param(t, data, &found));
             let r = var_ref(data, found, vname, system, event);
             match string {
                 None => (c, s, sg, false, Param::Ref(r)),
@@ -565,9 +565,8 @@ fn trace_action(
             return Err(HistError::new(K::SynthTypeMismatch, data.errpos(var)));
         }
         if string_var {
-            // A string variable whose bytes no entry keeps (`common_pid.execname`, a
-            // `common_comm`), or a stack no entry keeps: refused rather than passed on
-            // garbled.
+            // A string or a stack that no entry keeps (no variable at the end of the alias
+            // chain saves it): refused rather than passed on garbled.
             return Err(HistError::new(K::FieldVarCreateFail, data.errpos(var)));
         }
         params.push(made);
@@ -608,11 +607,18 @@ fn string_param(t: &Target<'_>, target: &VarTarget) -> Option<Param> {
     })
 }
 
-/// Where the frames of the stack variable `target` are kept: in the entries of the
-/// trigger whose variable captured them, found through aliases (`s=$st` passes on the
-/// frames `st=common_stacktrace` saved, as the kernel's alias passes on the address of
-/// its storage). `None` when no entry keeps them.
-fn stack_param(t: &Target<'_>, data: &HistData, target: &VarTarget) -> Option<Param> {
+/// Whether a hist value of C type `c_type` is a string the hist code copies (`char[...]`,
+/// what `check_synth_field` looks for).
+fn is_string_type(c_type: &str) -> bool {
+    c_type.contains("char[")
+}
+
+/// Where the bytes of the string variable or the frames of the stack variable `target`
+/// are kept: in the entries of the trigger whose variable saved them, found through
+/// aliases (`s=$st` passes on the frames `st=common_stacktrace` saved, `x=$str` the bytes
+/// of a string variable, as the kernel's alias passes on the address of that storage).
+/// `None` when no entry keeps them.
+fn kept_param(t: &Target<'_>, data: &HistData, target: &VarTarget) -> Option<Param> {
     let mut target = target.clone();
     // An alias of an alias is still an alias: a few steps at most, never a cycle.
     for _ in 0..VARS_MAX {
@@ -644,6 +650,7 @@ fn stack_param(t: &Target<'_>, data: &HistData, target: &VarTarget) -> Option<Pa
                     _ => None,
                 };
             }
+            _ if field.has(flags::STRING) => return string_param(t, &target),
             _ => return None,
         }
     }
@@ -937,26 +944,37 @@ pub fn create(
             used += STACKTRACE_DEPTH;
             continue;
         }
-        let Some(ef) = f
-            .field
-            .as_ref()
-            .filter(|_| f.has(flags::VAR) && f.has(flags::STRING))
-        else {
-            continue;
-        };
-        let read = FieldRead {
-            offset: ef.offset,
-            size: ef.size,
-            signed: false,
-            class: ef.class(),
-        };
-        if !read.is_string() {
+        if !f.has(flags::VAR) || !f.has(flags::STRING) || f.has(flags::ALIAS) {
             continue;
         }
-        let words = f.size.clamp(8, SAVE_STR_MAX).div_ceil(8);
+        // `common_pid.execname` and `common_comm` are task names, not record fields.
+        let from = if f.has(flags::EXECNAME) {
+            StrFrom::ExecName
+        } else if f.has(flags::COMM) {
+            StrFrom::Comm
+        } else {
+            let Some(ef) = &f.field else { continue };
+            let read = FieldRead {
+                offset: ef.offset,
+                size: ef.size,
+                signed: false,
+                class: ef.class(),
+            };
+            if !read.is_string() {
+                continue;
+            }
+            StrFrom::Field(read)
+        };
+        // A task name is at most 15 bytes and its NUL (`TASK_COMM_LEN`).
+        let size = if matches!(from, StrFrom::Field(_)) {
+            f.size
+        } else {
+            16
+        };
+        let words = size.clamp(8, SAVE_STR_MAX).div_ceil(8);
         let first = data.n_vars + used;
         strings.push((f.var_idx, first, words));
-        string_vars.push(StrVar { read, first, words });
+        string_vars.push(StrVar { from, first, words });
         used += words;
     }
     let t = Target {

@@ -152,11 +152,23 @@ impl FieldRead {
     }
 }
 
-/// A string variable of a trigger: the field it copies, and where its bytes are kept in
+/// Where a string variable's bytes come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrFrom {
+    /// A string field of the record.
+    Field(FieldRead),
+    /// `common_comm`: the calling thread's name, on every update.
+    Comm,
+    /// `common_pid.execname`: the name of the thread that made the entry, saved on its
+    /// first update only (the kernel saves it when it initialises the entry).
+    ExecName,
+}
+
+/// A string variable of a trigger: what it copies, and where its bytes are kept in
 /// the entry (extra variable slots; the kernel keeps a per-entry string buffer).
 pub struct StrVar {
-    /// How to read the field from the record.
-    pub read: FieldRead,
+    /// What the bytes are.
+    pub from: StrFrom,
     /// First extra slot of the bytes.
     pub first: usize,
     /// Slots the bytes take (8 bytes each).
@@ -543,7 +555,15 @@ impl Inter {
         done: u64,
     ) {
         for v in &self.string_vars {
-            store_str(elt, v.first, v.words, v.read.str(record));
+            match v.from {
+                StrFrom::Field(read) => store_str(elt, v.first, v.words, read.str(record)),
+                StrFrom::Comm => store_comm(elt, v.first, v.words),
+                // Unset until the entry's first update stores it.
+                StrFrom::ExecName if elt.var(v.first).is_none() => {
+                    store_comm(elt, v.first, v.words)
+                }
+                StrFrom::ExecName => {}
+            }
         }
         if !self.stack_vars.is_empty() {
             self.save_stacks(elt);
@@ -723,6 +743,15 @@ fn store_str(elt: &Elt, first: usize, words: usize, bytes: &[u8]) {
         word[..to - from].copy_from_slice(&bytes[from..to]);
         elt.set_var(first + w, u64::from_ne_bytes(word));
     }
+}
+
+/// Stores the calling thread's name (cached per thread: no system call) as a string
+/// variable's bytes.
+#[inline(never)]
+fn store_comm(elt: &Elt, first: usize, words: usize) {
+    let comm = crate::thread::current_comm_bytes();
+    let end = comm.iter().position(|&c| c == 0).unwrap_or(comm.len());
+    store_str(elt, first, words, &comm[..end]);
 }
 
 /// Saves the calling thread's frames (from the function that hit the tracepoint outwards,

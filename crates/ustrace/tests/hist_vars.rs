@@ -1,0 +1,201 @@
+//! Variables that carry a string (histogram.rst 2.2): `common_comm` and
+//! `common_pid.execname` variables passed to a synthetic event as strings (the kernel's
+//! "Allow execnames to be passed as args for synthetic events"), and an alias of a string
+//! variable (`x=$str`) that keeps the string.
+
+mod common;
+
+use ustrace::{Errno, FileSystem};
+
+// A request/response pair keyed by `id`, as the inter-event tests' `tnet`.
+ustrace::trace_event! {
+    pub fn hv::request(id: u64, op: &str, t: u64) {
+        id: u64 = id,
+        op: ustrace::FixedStr<16> = ustrace::FixedStr::new(op),
+        t: u64 = t,
+    }
+    print "id=%llu op=%s t=%llu", id, op, t;
+}
+
+ustrace::trace_event! {
+    pub fn hv::respond(id: u64, t: u64, status: i32) {
+        id: u64 = id,
+        t: u64 = t,
+        status: i32 = status,
+    }
+    print "id=%llu t=%llu status=%d", id, t, status;
+}
+
+/// Synthetic events are global: the tests run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Instances made for a test, and synthetic events defined for it, removed at its end.
+struct Fixture {
+    instances: Vec<String>,
+    synths: Vec<String>,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Fixture {
+    fn new(instances: &[&str]) -> Fixture {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        for name in instances {
+            let _ = ustrace::tracefs().rmdir(&format!("instances/{name}"));
+            ustrace::tracefs()
+                .mkdir(&format!("instances/{name}"))
+                .unwrap();
+        }
+        Fixture {
+            instances: instances.iter().map(|s| s.to_string()).collect(),
+            synths: Vec::new(),
+            _serial: serial,
+        }
+    }
+
+    fn synth(&mut self, def: &str) {
+        common::append("synthetic_events", &format!("{def}\n")).unwrap();
+        self.synths
+            .push(def.split_whitespace().next().unwrap().to_string());
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        for name in &self.instances {
+            let _ = ustrace::tracefs().rmdir(&format!("instances/{name}"));
+        }
+        for name in self.synths.drain(..).rev() {
+            let _ = common::append("synthetic_events", &format!("!{name}\n"));
+        }
+    }
+}
+
+fn skip_without_hist() -> bool {
+    if common::read("synthetic_events").is_err() {
+        println!("skipped: no synthetic_events file");
+        return true;
+    }
+    false
+}
+
+fn path(instance: &str, p: &str) -> String {
+    format!("instances/{instance}/{p}")
+}
+
+/// Runs `f` on a new thread named `name` (its comm), and waits for it.
+fn as_thread(name: &str, f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+/// The synthetic event lines of the instance's trace, each from `: NAME: ` on.
+fn synth_lines(instance: &str, name: &str) -> Vec<String> {
+    let marker = format!(": {name}: ");
+    common::body_lines(&common::read(&path(instance, "trace")).unwrap())
+        .iter()
+        .filter_map(|l| l.find(&marker).map(|at| l[at + 2..].to_string()))
+        .collect()
+}
+
+/// Asserts the instance's error_log holds `message` for `command`, the caret under the
+/// first occurrence of `at`.
+fn assert_logged(instance: &str, event: &str, message: &str, command: &str, at: &str) {
+    let log = common::read(&path(instance, "error_log")).unwrap();
+    let pos = command.find(at).expect("caret text in command");
+    let want = format!(
+        "hist:{event}: error: {message}\n  Command: {command}\n{}^\n",
+        " ".repeat(pos + "  Command: ".len())
+    );
+    assert!(log.contains(&want), "want:\n{want}\nin error_log:\n{log}");
+}
+
+// `c=common_comm` saves the name of the task that hit the event on every update;
+// `w=common_pid.execname` the name of the task that made the entry (the kernel saves it
+// when the entry is initialised). Both are `char[]` strings: into a `char[]` field of a
+// synthetic event they go as text, directly or through an alias; a fixed-size `char[16]`
+// field takes neither (its size is not theirs), as on the kernel.
+#[test]
+fn comm_and_execname_variables_reach_the_synthetic_event_as_strings() {
+    if skip_without_hist() {
+        return;
+    }
+    let mut fx = Fixture::new(&["hv-comm"]);
+    let i = "hv-comm";
+    fx.synth("hv_who u64 id; char comm[]; char exec[]; char alias[]");
+    fx.synth("hv_who16 u64 id; char comm[16]");
+    common::append(
+        &path(i, "events/hv/request/trigger"),
+        "hist:keys=id:c=common_comm,w=common_pid.execname\n",
+    )
+    .unwrap();
+    assert!(
+        common::read(&path(i, "events/hv/request/trigger"))
+            .unwrap()
+            .contains("c=common_comm,w=common_pid.execname"),
+        "{}",
+        common::read(&path(i, "events/hv/request/trigger")).unwrap()
+    );
+    let refused = "hist:keys=id:onmatch(hv.request).trace(hv_who16,id,$c)";
+    assert_eq!(
+        common::append(
+            &path(i, "events/hv/respond/trigger"),
+            &format!("{refused}\n")
+        ),
+        Err(Errno::EINVAL)
+    );
+    assert_logged(
+        i,
+        "hv:respond",
+        "Param type doesn't match synthetic event field type",
+        refused,
+        "$c",
+    );
+    common::append(
+        &path(i, "events/hv/respond/trigger"),
+        "hist:keys=id:a=$w:onmatch(hv.request).trace(hv_who,id,$c,$w,$a)\n",
+    )
+    .unwrap();
+    common::write(&path(i, "events/synthetic/hv_who/enable"), "1\n").unwrap();
+    as_thread("hv-first", || request::trace(7, "get", 1));
+    as_thread("hv-second", || request::trace(7, "get", 2));
+    as_thread("hv-responder", || respond::trace(7, 3, 200));
+    assert_eq!(
+        synth_lines(i, "hv_who"),
+        vec!["hv_who: id=7 comm=hv-second exec=hv-first alias=hv-first".to_string()]
+    );
+}
+
+// An alias of a string variable (`x=$o`) keeps the string: passed on, it carries the
+// text the variable it names saved, into a dynamic `char[]` field and into a `char[16]`
+// field of the variable's own size.
+#[test]
+fn an_alias_of_a_string_variable_passes_the_string() {
+    if skip_without_hist() {
+        return;
+    }
+    let mut fx = Fixture::new(&["hv-alias"]);
+    let i = "hv-alias";
+    fx.synth("hv_op u64 id; char op[]; char op16[16]");
+    common::append(&path(i, "events/hv/request/trigger"), "hist:keys=id:o=op\n").unwrap();
+    common::append(
+        &path(i, "events/hv/respond/trigger"),
+        "hist:keys=id:x=$o:onmatch(hv.request).trace(hv_op,id,$x,$x)\n",
+    )
+    .unwrap();
+    common::write(&path(i, "events/synthetic/hv_op/enable"), "1\n").unwrap();
+    request::trace(1, "get", 10);
+    request::trace(2, "delete", 11);
+    respond::trace(2, 20, 200);
+    respond::trace(1, 21, 200);
+    assert_eq!(
+        synth_lines(i, "hv_op"),
+        vec![
+            "hv_op: id=2 op=delete op16=delete".to_string(),
+            "hv_op: id=1 op=get op16=get".to_string(),
+        ]
+    );
+}
