@@ -5,7 +5,10 @@
 //!   on one event finds the trigger of another event that defines it (the kernel's
 //!   `find_event_var`: `onmatch` events first, then any event if the name is unique, or
 //!   the event a qualified `system.event.$var` names), and so a trigger whose variables are
-//!   referenced cannot be removed (`EBUSY`).
+//!   referenced cannot be removed (`EBUSY`). What a histogram holds (its references, the
+//!   synthetic events its actions generate, its hidden triggers) is given back when the
+//!   last trigger feeding it goes, whether by `!hist`, a truncating open of `trigger`, or
+//!   with its event or instance ([`attach`]/[`detach`]).
 //! - Creating a trigger's actions (the kernel's `create_actions`): finding the synthetic
 //!   event of `onmatch().trace()` and checking the parameters against its fields; making
 //!   field variables, on the target event by reading the record and on the matching event
@@ -42,6 +45,9 @@ pub struct Registered {
     hist: Weak<Hist>,
     /// How many other triggers reference a variable of this one.
     referenced: AtomicUsize,
+    /// How many event triggers feed the histogram (more than one when `name=` shares it):
+    /// what it holds is given back when the last goes, however it goes.
+    attached: AtomicUsize,
     /// Its string and stack variables: (variable index, first slot, slots) of their bytes
     /// or frames.
     strings: Vec<(usize, usize, usize)>,
@@ -89,6 +95,7 @@ pub fn register(
         event: file.event.name().to_string(),
         hist: Arc::downgrade(hist),
         referenced: AtomicUsize::new(0),
+        attached: AtomicUsize::new(0),
         strings,
     }));
     // Hidden triggers of histograms that went away with their instance or event are gone
@@ -838,6 +845,36 @@ fn remove_hidden(hidden: Vec<Hidden>) {
             continue;
         };
         let _ = crate::trigger::write(&instance, &h.file, &format!("!hist:{}", h.cmd));
+    }
+}
+
+/// Counts one more event trigger feeding `hist` (a new trigger, or one sharing a named
+/// histogram); [`detach`] undoes it.
+pub fn attach(hist: &Arc<Hist>) {
+    if let Some(r) = registry()
+        .iter()
+        .find(|r| std::ptr::eq(r.hist.as_ptr(), Arc::as_ptr(hist)))
+    {
+        r.attached.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// An event trigger feeding `hist` is gone: removed by `!hist`, by a truncating open of its
+/// `trigger` file, or with its event or instance (the kernel frees a hist trigger's data
+/// the same way on each of these paths). When it was the last, the histogram's references
+/// and hidden triggers are given back ([`release`]), so nothing it read stays busy.
+pub fn detach(hist: &Arc<Hist>) {
+    let last = registry()
+        .iter()
+        .find(|r| std::ptr::eq(r.hist.as_ptr(), Arc::as_ptr(hist)))
+        .is_some_and(|r| {
+            let before = r.attached.load(Ordering::Relaxed);
+            r.attached
+                .store(before.saturating_sub(1), Ordering::Relaxed);
+            before <= 1
+        });
+    if last {
+        release(hist);
     }
 }
 

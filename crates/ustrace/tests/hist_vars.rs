@@ -1,7 +1,8 @@
-//! Variables that carry a string (histogram.rst 2.2): `common_comm` and
-//! `common_pid.execname` variables passed to a synthetic event as strings (the kernel's
-//! "Allow execnames to be passed as args for synthetic events"), and an alias of a string
-//! variable (`x=$str`) that keeps the string.
+//! Variables that carry a string or outlive their event (histogram.rst 2.2): `common_comm`
+//! and `common_pid.execname` variables passed to a synthetic event as strings (the kernel's
+//! "Allow execnames to be passed as args for synthetic events"), an alias of a string
+//! variable (`x=$str`) that keeps the string, and the references of triggers that go away
+//! with their instance given back, so nothing they read stays busy.
 
 mod common;
 
@@ -197,5 +198,74 @@ fn an_alias_of_a_string_variable_passes_the_string() {
             "hv_op: id=2 op=delete op16=delete".to_string(),
             "hv_op: id=1 op=get op16=get".to_string(),
         ]
+    );
+}
+
+// A histogram shared by `name=` across two instances, whose variable a trigger of the first
+// instance reads: removing that instance takes the reading trigger with it, so the shared
+// histogram is no longer referenced (its removal from the other instance succeeds) and the
+// synthetic event the reader generated is free again, as when the kernel frees the
+// triggers of a removed instance.
+#[test]
+fn triggers_gone_with_their_instance_give_back_their_references() {
+    if skip_without_hist() {
+        return;
+    }
+    let mut fx = Fixture::new(&["hv-x", "hv-y"]);
+    fx.synth("hv_lat u64 id; u64 lat");
+    let named = "hist:name=hv_named:keys=id:t0=t";
+    let reader = "hist:keys=id:lat=t-$t0:onmatch(hv.request).trace(hv_lat,id,$lat)";
+    let x_request = path("hv-x", "events/hv/request/trigger");
+    let y_request = path("hv-y", "events/hv/request/trigger");
+    common::append(&x_request, &format!("{named}\n")).unwrap();
+    common::append(
+        &path("hv-x", "events/hv/respond/trigger"),
+        &format!("{reader}\n"),
+    )
+    .unwrap();
+    common::append(&y_request, &format!("{named}\n")).unwrap();
+    // Referenced: neither sharer may remove it, nor may the synthetic event go.
+    assert_eq!(
+        common::append(&y_request, &format!("!{named}\n")),
+        Err(Errno::EBUSY)
+    );
+    assert_eq!(
+        common::append("synthetic_events", "!hv_lat\n"),
+        Err(Errno::EBUSY)
+    );
+    ustrace::tracefs().rmdir("instances/hv-x").unwrap();
+    common::append(&y_request, &format!("!{named}\n")).unwrap();
+    assert!(!common::read(&y_request).unwrap().contains("hist:"));
+    common::append("synthetic_events", "!hv_lat\n").unwrap();
+    fx.synths.retain(|n| n != "hv_lat");
+}
+
+// While another trigger still shares a named histogram, removing one of its triggers gives
+// back nothing the histogram holds: its variables stay defined for new references.
+#[test]
+fn a_shared_histogram_keeps_its_variables_until_its_last_trigger_goes() {
+    if skip_without_hist() {
+        return;
+    }
+    let mut fx = Fixture::new(&["hv-p", "hv-q"]);
+    fx.synth("hv_lat2 u64 id; u64 lat");
+    let named = "hist:name=hv_named2:keys=id:t0=t";
+    let reader = "hist:keys=id:lat=t-$t0:onmatch(hv.request).trace(hv_lat2,id,$lat)";
+    let p_request = path("hv-p", "events/hv/request/trigger");
+    let q_request = path("hv-q", "events/hv/request/trigger");
+    common::append(&p_request, &format!("{named}\n")).unwrap();
+    common::append(&q_request, &format!("{named}\n")).unwrap();
+    common::append(&q_request, &format!("!{named}\n")).unwrap();
+    common::append(
+        &path("hv-p", "events/hv/respond/trigger"),
+        &format!("{reader}\n"),
+    )
+    .unwrap();
+    common::write(&path("hv-p", "events/synthetic/hv_lat2/enable"), "1\n").unwrap();
+    request::trace(3, "get", 100);
+    respond::trace(3, 130, 200);
+    assert_eq!(
+        synth_lines("hv-p", "hv_lat2"),
+        vec!["hv_lat2: id=3 lat=30".to_string()]
     );
 }
