@@ -6,7 +6,37 @@
 
 mod common;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use ustrace::{Errno, FileSystem};
+
+struct Counting;
+
+thread_local! {
+    /// Counting is per thread: the other tests' threads allocate while they wait their turn.
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 // A request/response pair keyed by `id`, as the inter-event tests' `tnet`.
 ustrace::trace_event! {
@@ -267,5 +297,53 @@ fn a_shared_histogram_keeps_its_variables_until_its_last_trigger_goes() {
     assert_eq!(
         synth_lines("hv-p", "hv_lat2"),
         vec!["hv_lat2: id=3 lat=30".to_string()]
+    );
+}
+
+// The record path of task-name variables allocates nothing: the thread's name is read from
+// its cache (filled on the thread's first event), stored in the entry, and passed on as a
+// string, directly and through an alias.
+#[test]
+fn saving_and_passing_task_names_allocates_nothing() {
+    if skip_without_hist() {
+        return;
+    }
+    let mut fx = Fixture::new(&["hv-noalloc"]);
+    let i = "hv-noalloc";
+    fx.synth("hv_names u64 id; char comm[]; char exec[]; char alias[]");
+    common::append(
+        &path(i, "events/hv/request/trigger"),
+        "hist:keys=id:c=common_comm,w=common_pid.execname\n",
+    )
+    .unwrap();
+    common::append(
+        &path(i, "events/hv/respond/trigger"),
+        "hist:keys=id:a=$c:onmatch(hv.request).trace(hv_names,id,$c,$w,$a)\n",
+    )
+    .unwrap();
+    common::write(&path(i, "events/synthetic/hv_names/enable"), "1\n").unwrap();
+    let mut id = 0u64;
+    let mut pair = || {
+        id = (id + 7) % 1000;
+        request::trace(id, "get", 1);
+        respond::trace(id, 2, 200);
+    };
+    pair(); // the thread's first event: its id and name are cached
+    ALLOCS.store(0, Ordering::Relaxed);
+    COUNTING.with(|c| c.set(true));
+    for _ in 0..10_000 {
+        pair();
+    }
+    COUNTING.with(|c| c.set(false));
+    assert_eq!(ALLOCS.load(Ordering::Relaxed), 0);
+    let names = synth_lines(i, "hv_names");
+    let comm = std::thread::current()
+        .name()
+        .map(|n| n.chars().take(15).collect::<String>())
+        .unwrap_or_default();
+    let last = names.last().expect("events recorded");
+    assert!(
+        last.ends_with(&format!("comm={comm} exec={comm} alias={comm}")),
+        "{last}"
     );
 }
