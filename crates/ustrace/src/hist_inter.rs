@@ -543,6 +543,12 @@ fn trace_action(
         } else if t.is(system, event) && target_field(t, var).is_some() {
             let (read, c, s, sg) = target_field(t, var).expect("checked");
             (c, s, sg, false, Param::Field(read))
+        } else if t.is(system, event) && var == "common_comm" {
+            // The kernel makes a field variable of `common_comm` on the target event as of
+            // any of its fields (`create_target_field_var` parses it as a hist field): the
+            // name of the thread that hit this event, typed as the hist field is.
+            let size = ustrace_filter::hist::STR_MAX;
+            ("char[]".to_string(), size, false, false, Param::Comm)
         } else {
             if system.is_none() {
                 if let Some((s, e)) = matching {

@@ -200,6 +200,32 @@ fn comm_and_execname_variables_reach_the_synthetic_event_as_strings() {
     );
 }
 
+// A `common_comm` parameter names the thread that hit the event the trigger is on, as the
+// kernel's field variable made on the target event; qualified with the matching event
+// (`hv.request.common_comm`), the thread that hit that one, kept by a hidden trigger there.
+#[test]
+fn a_common_comm_parameter_is_the_target_events_thread() {
+    if skip_without_hist() {
+        return;
+    }
+    let mut fx = Fixture::new(&["hv-param"]);
+    let i = "hv-param";
+    fx.synth("hv_param u64 id; char here[]; char there[]");
+    common::append(&path(i, "events/hv/request/trigger"), "hist:keys=id:t0=t\n").unwrap();
+    common::append(
+        &path(i, "events/hv/respond/trigger"),
+        "hist:keys=id:onmatch(hv.request).trace(hv_param,id,common_comm,hv.request.common_comm)\n",
+    )
+    .unwrap();
+    common::write(&path(i, "events/synthetic/hv_param/enable"), "1\n").unwrap();
+    as_thread("hv-asker", || request::trace(4, "get", 1));
+    as_thread("hv-answerer", || respond::trace(4, 3, 200));
+    assert_eq!(
+        synth_lines(i, "hv_param"),
+        vec!["hv_param: id=4 here=hv-answerer there=hv-asker".to_string()]
+    );
+}
+
 // An alias of a string variable (`x=$o`) keeps the string: passed on, it carries the
 // text the variable it names saved, into a dynamic `char[]` field and into a `char[16]`
 // field of the variable's own size.

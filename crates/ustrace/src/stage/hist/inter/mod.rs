@@ -218,6 +218,8 @@ pub enum Param {
     /// A field of the triggering record (the kernel makes a field variable of it and
     /// reads it back at once; reading the record is the same value).
     Field(FieldRead),
+    /// `common_comm` of the triggering event: the name of the thread that hit it.
+    Comm,
     /// A stack variable (`st=common_stacktrace`, or an alias of one such as `s=$st`): its
     /// frames in the entry with this record's key, of `hist` (`None`: this trigger's own),
     /// in [`STACKTRACE_DEPTH`] slots from `first`. As for strings, the reference itself is
@@ -245,6 +247,8 @@ pub struct TraceAction {
     strings: bool,
     /// Some parameter is a [`Param::RefStack`].
     stacks: bool,
+    /// Some parameter is [`Param::Comm`].
+    comm: bool,
 }
 
 /// A field `save()` copies into the entry.
@@ -583,11 +587,15 @@ impl TraceAction {
             && params.iter().all(|p| match p {
                 Param::Ref(_) => true,
                 Param::Field(f) => !f.is_string(),
-                Param::RefStr { .. } | Param::RefStack { .. } => false,
+                Param::RefStr { .. } | Param::RefStack { .. } | Param::Comm => false,
             });
-        let strings = params.iter().any(|p| matches!(p, Param::RefStr { .. }));
+        let strings = params
+            .iter()
+            .any(|p| matches!(p, Param::RefStr { .. } | Param::Comm));
         let stacks = params.iter().any(|p| matches!(p, Param::RefStack { .. }));
+        let comm = params.iter().any(|p| matches!(p, Param::Comm));
         TraceAction {
+            comm,
             synth,
             hold,
             params,
@@ -703,6 +711,13 @@ impl TraceAction {
             }
             k += 1;
         }
+        // The thread's cached name, read only by the actions that pass it.
+        let comm = if S != 0 && self.comm {
+            crate::thread::current_comm_bytes()
+        } else {
+            [0u8; 16]
+        };
+        let comm_len = comm.iter().position(|&c| c == 0).unwrap_or(comm.len());
         let mut values = [SynthValue::U64(0); N];
         let n = self.params.len().min(N);
         let mut j = 0;
@@ -727,6 +742,7 @@ impl TraceAction {
                 }
                 Param::Field(f) if f.is_string() => SynthValue::Str(f.str(record)),
                 Param::Field(f) => SynthValue::U64(f.int(record)),
+                Param::Comm => SynthValue::Str(&comm[..comm_len]),
             };
         }
         let _ = self.synth.trace(&values[..n]);
