@@ -664,6 +664,11 @@ impl EventFile {
                 target.release_soft_mode();
             }
             self.soft_mode_put();
+            // A hist trigger going with its event or instance gives back the variable
+            // references, synthetic events and hidden triggers it held, as `!hist` does.
+            if let Some(h) = &trigger.hist {
+                crate::trigger::serialized(|| crate::hist_inter::detach(&h.hist));
+            }
         }
     }
 

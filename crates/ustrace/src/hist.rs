@@ -190,7 +190,7 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
         drop(list);
         file.soft_mode_put();
         if let Some(hist) = removed {
-            crate::hist_inter::release(&hist);
+            crate::hist_inter::detach(&hist);
         }
         return Ok(());
     }
@@ -280,6 +280,7 @@ pub fn write(instance: &Instance, file: &Arc<EventFile>, command: &Command) -> R
             hist
         }
     };
+    crate::hist_inter::attach(&hist);
     let attached = Arc::new(Attached {
         hist,
         paused: AtomicBool::new(paused),
@@ -345,7 +346,7 @@ pub fn unregister_all(file: &Arc<EventFile>) {
         }
         file.soft_mode_put();
         if let Some(h) = &t.hist {
-            crate::hist_inter::release(&h.hist);
+            crate::hist_inter::detach(&h.hist);
         }
     }
 }

@@ -5,7 +5,10 @@
 //!   on one event finds the trigger of another event that defines it (the kernel's
 //!   `find_event_var`: `onmatch` events first, then any event if the name is unique, or
 //!   the event a qualified `system.event.$var` names), and so a trigger whose variables are
-//!   referenced cannot be removed (`EBUSY`).
+//!   referenced cannot be removed (`EBUSY`). What a histogram holds (its references, the
+//!   synthetic events its actions generate, its hidden triggers) is given back when the
+//!   last trigger feeding it goes, whether by `!hist`, a truncating open of `trigger`, or
+//!   with its event or instance ([`attach`]/[`detach`]).
 //! - Creating a trigger's actions (the kernel's `create_actions`): finding the synthetic
 //!   event of `onmatch().trace()` and checking the parameters against its fields; making
 //!   field variables, on the target event by reading the record and on the matching event
@@ -26,7 +29,7 @@ use ustrace_filter::FieldClass;
 
 use crate::event::{FieldDesc, FieldKind};
 use crate::stage::hist::inter::{
-    Action, FieldRead, Inter, Param, RefSlot, SaveVar, SnapshotState, StrVar, TraceAction,
+    Action, FieldRead, Inter, Param, RefSlot, SaveVar, SnapshotState, StrFrom, StrVar, TraceAction,
     TrackThen, SAVE_STR_MAX,
 };
 use crate::stage::hist::{Hist, STACKTRACE_DEPTH};
@@ -42,6 +45,9 @@ pub struct Registered {
     hist: Weak<Hist>,
     /// How many other triggers reference a variable of this one.
     referenced: AtomicUsize,
+    /// How many event triggers feed the histogram (more than one when `name=` shares it):
+    /// what it holds is given back when the last goes, however it goes.
+    attached: AtomicUsize,
     /// Its string and stack variables: (variable index, first slot, slots) of their bytes
     /// or frames.
     strings: Vec<(usize, usize, usize)>,
@@ -89,6 +95,7 @@ pub fn register(
         event: file.event.name().to_string(),
         hist: Arc::downgrade(hist),
         referenced: AtomicUsize::new(0),
+        attached: AtomicUsize::new(0),
         strings,
     }));
     // Hidden triggers of histograms that went away with their instance or event are gone
@@ -522,11 +529,11 @@ fn trace_action(
                 return Err(HistError::new(K::ParamNotFound, data.errpos(vname)));
             };
             let (c, s, sg) = (found.c_type.clone(), found.size, found.signed);
-            let string = if is_stack_type(&found.c_type) {
-                Some(stack_param(t, data, &found))
-            } else {
-                found.is_string.then(|| string_param(t, &found))
-            };
+            // A string or a stack is passed from the entry that keeps its bytes or frames,
+            // also through an alias (`x=$str`), which carries the type of the variable it
+            // names but keeps nothing itself.
+            let kept = found.is_string || is_stack_type(&c) || is_string_type(&c);
+            let string = kept.then(|| kept_param(t, data, &found));
             let r = var_ref(data, found, vname, system, event);
             match string {
                 None => (c, s, sg, false, Param::Ref(r)),
@@ -536,6 +543,12 @@ fn trace_action(
         } else if t.is(system, event) && target_field(t, var).is_some() {
             let (read, c, s, sg) = target_field(t, var).expect("checked");
             (c, s, sg, false, Param::Field(read))
+        } else if t.is(system, event) && var == "common_comm" {
+            // The kernel makes a field variable of `common_comm` on the target event as of
+            // any of its fields (`create_target_field_var` parses it as a hist field): the
+            // name of the thread that hit this event, typed as the hist field is.
+            let size = ustrace_filter::hist::STR_MAX;
+            ("char[]".to_string(), size, false, false, Param::Comm)
         } else {
             if system.is_none() {
                 if let Some((s, e)) = matching {
@@ -565,9 +578,8 @@ fn trace_action(
             return Err(HistError::new(K::SynthTypeMismatch, data.errpos(var)));
         }
         if string_var {
-            // A string variable whose bytes no entry keeps (`common_pid.execname`, a
-            // `common_comm`), or a stack no entry keeps: refused rather than passed on
-            // garbled.
+            // A string or a stack that no entry keeps (no variable at the end of the alias
+            // chain saves it): refused rather than passed on garbled.
             return Err(HistError::new(K::FieldVarCreateFail, data.errpos(var)));
         }
         params.push(made);
@@ -608,11 +620,18 @@ fn string_param(t: &Target<'_>, target: &VarTarget) -> Option<Param> {
     })
 }
 
-/// Where the frames of the stack variable `target` are kept: in the entries of the
-/// trigger whose variable captured them, found through aliases (`s=$st` passes on the
-/// frames `st=common_stacktrace` saved, as the kernel's alias passes on the address of
-/// its storage). `None` when no entry keeps them.
-fn stack_param(t: &Target<'_>, data: &HistData, target: &VarTarget) -> Option<Param> {
+/// Whether a hist value of C type `c_type` is a string the hist code copies (`char[...]`,
+/// what `check_synth_field` looks for).
+fn is_string_type(c_type: &str) -> bool {
+    c_type.contains("char[")
+}
+
+/// Where the bytes of the string variable or the frames of the stack variable `target`
+/// are kept: in the entries of the trigger whose variable saved them, found through
+/// aliases (`s=$st` passes on the frames `st=common_stacktrace` saved, `x=$str` the bytes
+/// of a string variable, as the kernel's alias passes on the address of that storage).
+/// `None` when no entry keeps them.
+fn kept_param(t: &Target<'_>, data: &HistData, target: &VarTarget) -> Option<Param> {
     let mut target = target.clone();
     // An alias of an alias is still an alias: a few steps at most, never a cycle.
     for _ in 0..VARS_MAX {
@@ -644,6 +663,7 @@ fn stack_param(t: &Target<'_>, data: &HistData, target: &VarTarget) -> Option<Pa
                     _ => None,
                 };
             }
+            _ if field.has(flags::STRING) => return string_param(t, &target),
             _ => return None,
         }
     }
@@ -834,6 +854,36 @@ fn remove_hidden(hidden: Vec<Hidden>) {
     }
 }
 
+/// Counts one more event trigger feeding `hist` (a new trigger, or one sharing a named
+/// histogram); [`detach`] undoes it.
+pub fn attach(hist: &Arc<Hist>) {
+    if let Some(r) = registry()
+        .iter()
+        .find(|r| std::ptr::eq(r.hist.as_ptr(), Arc::as_ptr(hist)))
+    {
+        r.attached.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// An event trigger feeding `hist` is gone: removed by `!hist`, by a truncating open of its
+/// `trigger` file, or with its event or instance (the kernel frees a hist trigger's data
+/// the same way on each of these paths). When it was the last, the histogram's references
+/// and hidden triggers are given back ([`release`]), so nothing it read stays busy.
+pub fn detach(hist: &Arc<Hist>) {
+    let last = registry()
+        .iter()
+        .find(|r| std::ptr::eq(r.hist.as_ptr(), Arc::as_ptr(hist)))
+        .is_some_and(|r| {
+            let before = r.attached.load(Ordering::Relaxed);
+            r.attached
+                .store(before.saturating_sub(1), Ordering::Relaxed);
+            before <= 1
+        });
+    if last {
+        release(hist);
+    }
+}
+
 /// Gives back what a removed trigger's histogram held: the references it counted on other
 /// triggers (see [`Prepared::build`]) and the hidden triggers it made; then forgets it.
 pub fn release(hist: &Arc<Hist>) {
@@ -937,26 +987,37 @@ pub fn create(
             used += STACKTRACE_DEPTH;
             continue;
         }
-        let Some(ef) = f
-            .field
-            .as_ref()
-            .filter(|_| f.has(flags::VAR) && f.has(flags::STRING))
-        else {
-            continue;
-        };
-        let read = FieldRead {
-            offset: ef.offset,
-            size: ef.size,
-            signed: false,
-            class: ef.class(),
-        };
-        if !read.is_string() {
+        if !f.has(flags::VAR) || !f.has(flags::STRING) || f.has(flags::ALIAS) {
             continue;
         }
-        let words = f.size.clamp(8, SAVE_STR_MAX).div_ceil(8);
+        // `common_pid.execname` and `common_comm` are task names, not record fields.
+        let from = if f.has(flags::EXECNAME) {
+            StrFrom::ExecName
+        } else if f.has(flags::COMM) {
+            StrFrom::Comm
+        } else {
+            let Some(ef) = &f.field else { continue };
+            let read = FieldRead {
+                offset: ef.offset,
+                size: ef.size,
+                signed: false,
+                class: ef.class(),
+            };
+            if !read.is_string() {
+                continue;
+            }
+            StrFrom::Field(read)
+        };
+        // A task name is at most 15 bytes and its NUL (`TASK_COMM_LEN`).
+        let size = if matches!(from, StrFrom::Field(_)) {
+            f.size
+        } else {
+            16
+        };
+        let words = size.clamp(8, SAVE_STR_MAX).div_ceil(8);
         let first = data.n_vars + used;
         strings.push((f.var_idx, first, words));
-        string_vars.push(StrVar { read, first, words });
+        string_vars.push(StrVar { from, first, words });
         used += words;
     }
     let t = Target {

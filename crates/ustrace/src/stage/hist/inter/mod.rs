@@ -152,11 +152,23 @@ impl FieldRead {
     }
 }
 
-/// A string variable of a trigger: the field it copies, and where its bytes are kept in
+/// Where a string variable's bytes come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrFrom {
+    /// A string field of the record.
+    Field(FieldRead),
+    /// `common_comm`: the calling thread's name, on every update.
+    Comm,
+    /// `common_pid.execname`: the name of the thread that made the entry, saved on its
+    /// first update only (the kernel saves it when it initialises the entry).
+    ExecName,
+}
+
+/// A string variable of a trigger: what it copies, and where its bytes are kept in
 /// the entry (extra variable slots; the kernel keeps a per-entry string buffer).
 pub struct StrVar {
-    /// How to read the field from the record.
-    pub read: FieldRead,
+    /// What the bytes are.
+    pub from: StrFrom,
     /// First extra slot of the bytes.
     pub first: usize,
     /// Slots the bytes take (8 bytes each).
@@ -206,6 +218,8 @@ pub enum Param {
     /// A field of the triggering record (the kernel makes a field variable of it and
     /// reads it back at once; reading the record is the same value).
     Field(FieldRead),
+    /// `common_comm` of the triggering event: the name of the thread that hit it.
+    Comm,
     /// A stack variable (`st=common_stacktrace`, or an alias of one such as `s=$st`): its
     /// frames in the entry with this record's key, of `hist` (`None`: this trigger's own),
     /// in [`STACKTRACE_DEPTH`] slots from `first`. As for strings, the reference itself is
@@ -233,6 +247,8 @@ pub struct TraceAction {
     strings: bool,
     /// Some parameter is a [`Param::RefStack`].
     stacks: bool,
+    /// Some parameter is [`Param::Comm`].
+    comm: bool,
 }
 
 /// A field `save()` copies into the entry.
@@ -543,7 +559,15 @@ impl Inter {
         done: u64,
     ) {
         for v in &self.string_vars {
-            store_str(elt, v.first, v.words, v.read.str(record));
+            match v.from {
+                StrFrom::Field(read) => store_str(elt, v.first, v.words, read.str(record)),
+                StrFrom::Comm => store_comm(elt, v.first, v.words),
+                // Unset until the entry's first update stores it.
+                StrFrom::ExecName if elt.var(v.first).is_none() => {
+                    store_comm(elt, v.first, v.words)
+                }
+                StrFrom::ExecName => {}
+            }
         }
         if !self.stack_vars.is_empty() {
             self.save_stacks(elt);
@@ -563,11 +587,15 @@ impl TraceAction {
             && params.iter().all(|p| match p {
                 Param::Ref(_) => true,
                 Param::Field(f) => !f.is_string(),
-                Param::RefStr { .. } | Param::RefStack { .. } => false,
+                Param::RefStr { .. } | Param::RefStack { .. } | Param::Comm => false,
             });
-        let strings = params.iter().any(|p| matches!(p, Param::RefStr { .. }));
+        let strings = params
+            .iter()
+            .any(|p| matches!(p, Param::RefStr { .. } | Param::Comm));
         let stacks = params.iter().any(|p| matches!(p, Param::RefStack { .. }));
+        let comm = params.iter().any(|p| matches!(p, Param::Comm));
         TraceAction {
+            comm,
             synth,
             hold,
             params,
@@ -683,6 +711,13 @@ impl TraceAction {
             }
             k += 1;
         }
+        // The thread's cached name, read only by the actions that pass it.
+        let comm = if S != 0 && self.comm {
+            crate::thread::current_comm_bytes()
+        } else {
+            [0u8; 16]
+        };
+        let comm_len = comm.iter().position(|&c| c == 0).unwrap_or(comm.len());
         let mut values = [SynthValue::U64(0); N];
         let n = self.params.len().min(N);
         let mut j = 0;
@@ -707,6 +742,7 @@ impl TraceAction {
                 }
                 Param::Field(f) if f.is_string() => SynthValue::Str(f.str(record)),
                 Param::Field(f) => SynthValue::U64(f.int(record)),
+                Param::Comm => SynthValue::Str(&comm[..comm_len]),
             };
         }
         let _ = self.synth.trace(&values[..n]);
@@ -723,6 +759,15 @@ fn store_str(elt: &Elt, first: usize, words: usize, bytes: &[u8]) {
         word[..to - from].copy_from_slice(&bytes[from..to]);
         elt.set_var(first + w, u64::from_ne_bytes(word));
     }
+}
+
+/// Stores the calling thread's name (cached per thread: no system call) as a string
+/// variable's bytes.
+#[inline(never)]
+fn store_comm(elt: &Elt, first: usize, words: usize) {
+    let comm = crate::thread::current_comm_bytes();
+    let end = comm.iter().position(|&c| c == 0).unwrap_or(comm.len());
+    store_str(elt, first, words, &comm[..end]);
 }
 
 /// Saves the calling thread's frames (from the function that hit the tracepoint outwards,
