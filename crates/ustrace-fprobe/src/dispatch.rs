@@ -936,14 +936,25 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
     // SAFETY: own thread state; see on_entry. Records lie inside the arena, frames below
     // `depth` inside `frames`.
     unsafe {
-        // Entered first, so that nothing loaded below has to survive a call into `enter`'s
-        // slow path.
-        let entered = enter(ts);
+        let c = (*ts).qcounter;
+        if c.is_null() {
+            // No quiescence slot (yet): everything in general, nothing to keep the fast
+            // path's registers for.
+            let entered = enter(ts);
+            return exit_general(ts, regs, entered);
+        }
+        // `enter` for a thread with a slot: the counter is odd while it is inside.
+        let c = &*c;
+        let v = c.load(Ordering::Relaxed);
+        if v & 1 != 0 {
+            return exit_general(ts, regs, false);
+        }
+        c.store(v + 1, Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
         let d = (*ts).depth;
-        // The common case: not inside a handler, the top frame is this slot's (nothing stale
-        // to pop), it returns to a real caller (not into an outer hook, as a tail call does)
-        // and holds one record.
-        if entered && d > 0 {
+        // The common case: the top frame is this slot's (nothing stale to pop), it returns to
+        // a real caller (not into an outer hook, as a tail call does) and holds one record.
+        if d > 0 {
             let f = (*ts).frames.get_unchecked(d - 1);
             let (f_ret, f_start) = (f.ret, f.arena_start);
             if f.sp == slot
@@ -966,7 +977,7 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
                 return;
             }
         }
-        exit_general(ts, regs, entered);
+        exit_general(ts, regs, true);
     }
 }
 
