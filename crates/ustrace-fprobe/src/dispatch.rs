@@ -614,12 +614,10 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) -> bool {
                 if !p.disabled.load(Ordering::Relaxed) {
                     // `only_entry` is set only for an fprobe with an entry handler.
                     let h = p.entry.as_deref().unwrap_unchecked();
-                    // (`unwrap_or`, not `let _`: the latter leaves a call to the Result's
-                    // drop glue on the hit path.)
-                    let _action = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        h(p, site.func, ret_ip, regs, &mut [])
-                    }))
-                    .unwrap_or(EntryAction::Continue);
+                    guarded(
+                        || h(p, site.func, ret_ip, regs, &mut []),
+                        EntryAction::Continue,
+                    );
                 }
                 // `leave`. No handler changes this thread's counter (every probe hit inside
                 // one finds it odd and leaves it alone), so it still holds `v + 1`.
@@ -701,17 +699,36 @@ unsafe fn entry_listed(
     }
 }
 
+/// Runs a handler; a panic in it stops there (it must not unwind into the trampoline), and
+/// the call counts as having returned `default`.
+#[inline(always)]
+fn guarded<R>(handler: impl FnOnce() -> R, default: R) -> R {
+    match std::panic::catch_unwind(AssertUnwindSafe(handler)) {
+        Ok(r) => r,
+        Err(payload) => {
+            drop_panic(payload);
+            default
+        }
+    }
+}
+
+/// Frees a handler's panic payload out of line: dropped inline, the payload's two words
+/// took two callee-saved registers, saved and restored on every hit.
+#[cold]
+#[inline(never)]
+fn drop_panic(payload: Box<dyn std::any::Any + Send>) {
+    drop(payload);
+}
+
 /// Runs the entry handler of an fprobe without exit handler (its action has nothing to skip).
 #[inline(always)]
 fn call_entry_only(p: &Probe, entry_ip: usize, ret_ip: usize, regs: &PtRegs) {
     if !p.disabled.load(Ordering::Relaxed) {
         if let Some(h) = &p.entry {
-            // (`unwrap_or`, not `let _`: the latter leaves a call to the Result's drop glue on
-            // the hit path.)
-            let _action = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                h(p, entry_ip, ret_ip, regs, &mut [])
-            }))
-            .unwrap_or(EntryAction::Continue);
+            guarded(
+                || h(p, entry_ip, ret_ip, regs, &mut []),
+                EntryAction::Continue,
+            );
         }
     }
 }
@@ -769,8 +786,10 @@ unsafe fn entry_one_with_exit(
                     (*ts).arena.as_mut_ptr().add(top + 2).cast::<u8>(),
                     p.entry_data_size,
                 );
-                std::panic::catch_unwind(AssertUnwindSafe(|| h(p, site.func, ret_ip, regs, data)))
-                    .unwrap_or(EntryAction::Continue)
+                guarded(
+                    || h(p, site.func, ret_ip, regs, data),
+                    EntryAction::Continue,
+                )
             }
             None => EntryAction::Continue,
         };
@@ -878,10 +897,10 @@ unsafe fn entry_general(
                 None => &mut [],
             };
             let action = match &p.entry {
-                Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    h(p, site.func, caller_ip, regs, data)
-                }))
-                .unwrap_or(EntryAction::Continue),
+                Some(h) => guarded(
+                    || h(p, site.func, caller_ip, regs, data),
+                    EntryAction::Continue,
+                ),
                 None => EntryAction::Continue,
             };
             if action == EntryAction::SkipExit {
@@ -1002,9 +1021,7 @@ unsafe fn exit_one(
                         (*ts).arena.as_mut_ptr().add(w + 2).cast::<u8>(),
                         p.entry_data_size,
                     );
-                    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        h(p, entry_ip, caller_ip, regs, data)
-                    }));
+                    guarded(|| h(p, entry_ip, caller_ip, regs, data), ());
                 }
             }
             if p.nr_maxactive > 0 {
@@ -1065,9 +1082,7 @@ unsafe fn exit_general(ts: *mut ThreadState, regs: &mut PtRegs, entered: bool) {
                             (*ts).arena.as_mut_ptr().add(w + 2).cast::<u8>(),
                             p.entry_data_size,
                         );
-                        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                            h(p, f_entry_ip, caller_ip, regs, data)
-                        }));
+                        guarded(|| h(p, f_entry_ip, caller_ip, regs, data), ());
                     }
                 }
                 if p.nr_maxactive > 0 {
