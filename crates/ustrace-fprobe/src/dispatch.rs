@@ -127,7 +127,8 @@ pub(crate) struct ProbeList {
     /// The list's only fprobe when there is one, it has an entry handler and no exit handler
     /// (else null): the hit path's common case is one load and one test away.
     pub only_entry: *const Probe,
-    /// The list's only fprobe when there is one and it has an exit handler (else null).
+    /// The list's only fprobe when there is one, it has an exit handler and no
+    /// `nr_maxactive` (else null).
     pub only_exit: *const Probe,
     pub has_exit: bool,
     pub probes: Box<[*const Probe]>,
@@ -142,7 +143,9 @@ impl ProbeList {
         let (mut only_entry, mut only_exit) = (std::ptr::null(), std::ptr::null());
         if let [p] = &*refs {
             if p.exit.is_some() {
-                only_exit = *p as *const Probe;
+                if p.nr_maxactive == 0 {
+                    only_exit = *p as *const Probe;
+                }
             } else if p.entry.is_some() {
                 only_entry = *p as *const Probe;
             }
@@ -628,7 +631,7 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) -> bool {
             let p = list.only_exit;
             if !p.is_null() {
                 regs.ip = site.func as u64;
-                let hooked = entry_one_with_exit(ts, site, list, &*p, regs, sp, ret_ip);
+                let hooked = entry_one_with_exit(ts, site, list, regs, sp, ret_ip);
                 leave(ts);
                 return hooked;
             }
@@ -690,7 +693,7 @@ unsafe fn entry_listed(
             }
             false
         } else if plain && !list.only_exit.is_null() {
-            entry_one_with_exit(ts, site, list, &*list.only_exit, regs, sp, ret_ip)
+            entry_one_with_exit(ts, site, list, regs, sp, ret_ip)
         } else {
             entry_general(ts, site, list, regs, sp, ret_ip)
         };
@@ -733,8 +736,8 @@ fn call_entry_only(p: &Probe, entry_ip: usize, ret_ip: usize, regs: &PtRegs) {
     }
 }
 
-/// [`on_entry`] for a site with one fprobe, which has an exit handler, and a shadow stack with
-/// nothing stale: what `entry_general` does for that case, with the frame written before the
+/// [`on_entry`] for a site with one fprobe (`list.only_exit`: with an exit handler and no
+/// `nr_maxactive`), and a shadow stack with nothing stale: what `entry_general` does for that case, with the frame written before the
 /// entry handler runs (so that only the thread state and the depth live across the call) and
 /// published after it.
 ///
@@ -746,21 +749,21 @@ unsafe fn entry_one_with_exit(
     ts: *mut ThreadState,
     site: &Site,
     list: &ProbeList,
-    p: &Probe,
     regs: &mut PtRegs,
     sp: usize,
     ret_ip: usize,
 ) -> bool {
-    // SAFETY: own thread state (see on_entry).
+    // SAFETY: own thread state (see on_entry); `only_exit` is set (the callers checked),
+    // and probes of a published list stay allocated.
     unsafe {
+        let p = &*list.only_exit;
         if p.disabled.load(Ordering::Relaxed) {
             return false;
         }
         let words = p.entry_words;
         let top = (*ts).arena_top;
         let d = (*ts).depth;
-        if p.nr_maxactive > 0
-            || site.no_return_hook.load(Ordering::Relaxed)
+        if site.no_return_hook.load(Ordering::Relaxed)
             || d >= MAX_FRAMES
             || top + 2 + words > ARENA_WORDS
         {
@@ -1004,7 +1007,7 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
 ///
 /// # Safety
 /// Inside the dispatcher, not busy before it; `w` indexes a record written by `on_entry`.
-#[inline(never)]
+#[inline(always)]
 unsafe fn exit_one(
     ts: *mut ThreadState,
     w: usize,
