@@ -82,8 +82,12 @@ pub struct Probe {
     pub(crate) nmissed: AtomicU64,
     pub(crate) disabled: AtomicBool,
     pub(crate) slot: AtomicU32,
-    pub(crate) gen: AtomicU32,
     pub(crate) id: u64,
+    /// `slot | gen << 32`, the header of this fprobe's shadow-stack records (both halves
+    /// are fixed at registration; the hit path stores it without recomputing it).
+    pub(crate) record_hdr: u64,
+    /// `entry_data_size` in words, as the arena reserves it.
+    pub(crate) entry_words: usize,
 }
 
 impl std::fmt::Debug for Probe {
@@ -120,8 +124,39 @@ impl Probe {
 
 /// The immutable list of probes attached to one site.
 pub(crate) struct ProbeList {
+    /// The list's only fprobe when there is one, it has an entry handler and no exit handler
+    /// (else null): the hit path's common case is one load and one test away.
+    pub only_entry: *const Probe,
+    /// The list's only fprobe when there is one, it has an exit handler and no
+    /// `nr_maxactive` (else null).
+    pub only_exit: *const Probe,
     pub has_exit: bool,
     pub probes: Box<[*const Probe]>,
+}
+
+impl ProbeList {
+    /// The list of `probes`, with its shortcuts worked out.
+    pub(crate) fn new(probes: Box<[*const Probe]>) -> ProbeList {
+        // SAFETY: the caller's probes are alive (they are published from live `Arc`s).
+        let refs: Vec<&Probe> = probes.iter().map(|&p| unsafe { &*p }).collect();
+        let has_exit = refs.iter().any(|p| p.exit.is_some());
+        let (mut only_entry, mut only_exit) = (std::ptr::null(), std::ptr::null());
+        if let [p] = &*refs {
+            if p.exit.is_some() {
+                if p.nr_maxactive == 0 {
+                    only_exit = *p as *const Probe;
+                }
+            } else if p.entry.is_some() {
+                only_entry = *p as *const Probe;
+            }
+        }
+        ProbeList {
+            only_entry,
+            only_exit,
+            has_exit,
+            probes,
+        }
+    }
 }
 
 /// One patched function. `#[repr(C)]` with `orig_stub` first: the entry trampoline jumps
@@ -449,7 +484,9 @@ pub(crate) fn after_fork_in_child() {
 
 #[inline(always)]
 unsafe fn probe_of_record(hdr: u64) -> Option<&'static Probe> {
-    let slot = &PSLOTS[(hdr as u32) as usize];
+    // SAFETY: record headers are only ever a registered fprobe's `record_hdr`, whose low
+    // half is a slot index below PROBE_SLOTS.
+    let slot = unsafe { PSLOTS.get_unchecked((hdr as u32) as usize) };
     if slot.gen.load(Ordering::Acquire) != (hdr >> 32) as u32 {
         return None;
     }
@@ -494,10 +531,6 @@ unsafe fn pop_stale(ts: *mut ThreadState, sp: usize, inclusive: bool) {
     }
 }
 
-fn words_for(bytes: usize) -> usize {
-    bytes.div_ceil(8)
-}
-
 /// The real return address behind a return slot at `sp` that holds the trampoline: that of
 /// the outermost of the frames below `depth` hooked at `sp` (a chain of tail calls shares
 /// one slot).
@@ -538,47 +571,156 @@ pub(crate) extern "C" fn exit_shim(regs: *mut PtRegs) {
 /// Entry of a probed function. Called by the arch entry trampoline. True when this call's
 /// return was hooked (its slot now holds the return trampoline).
 ///
+/// The common case — a thread with a quiescence slot, not inside a handler, one fprobe with
+/// only an entry handler, no shadow frame to look at — is spelled out here with nothing but
+/// the counter kept across the handler call; everything else goes on in [`entry_listed`].
+///
 /// # Safety
 /// `regs` is the trampoline's frame: `regs.sp` points at the caller's return address.
 #[inline(always)]
 pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) -> bool {
     let ts = ts();
     // SAFETY: own thread state, accessed through a raw pointer because handlers (the unwinder
-    // hooks) may modify it while this function runs.
+    // hooks) may modify it while this function runs. The counter is one of QSLOTS (static)
+    // and owned by this thread: only it writes it.
+    unsafe {
+        let c = (*ts).qcounter;
+        if c.is_null() {
+            return entry_unslotted(ts, site, regs);
+        }
+        // `enter` for a thread with a slot: the counter is odd while it is inside.
+        let c = &*c;
+        let v = c.load(Ordering::Relaxed);
+        if v & 1 != 0 {
+            entry_recursed(site);
+            return false;
+        }
+        c.store(v + 1, Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
+        let Some(list) = site.probes.load(Ordering::Acquire).as_ref() else {
+            leave(ts);
+            return false;
+        };
+        let sp = regs.sp as usize;
+        let ret_ip = *(sp as *const usize);
+        let d = (*ts).depth;
+        // No shadow frame is stale (none lies at or below this return slot, which is what
+        // `pop_stale` would look for) or shares the slot (a tail call from a hooked function
+        // finds the trampoline in it).
+        let plain = ret_ip != arch::return_trampoline()
+            && (d == 0 || (*ts).frames.get_unchecked(d - 1).sp > sp);
+        if plain {
+            let p = list.only_entry;
+            if !p.is_null() {
+                regs.ip = site.func as u64;
+                let p = &*p;
+                if !p.disabled.load(Ordering::Relaxed) {
+                    // `only_entry` is set only for an fprobe with an entry handler.
+                    let h = p.entry.as_deref().unwrap_unchecked();
+                    guarded(
+                        || h(p, site.func, ret_ip, regs, &mut []),
+                        EntryAction::Continue,
+                    );
+                }
+                // `leave`. No handler changes this thread's counter (every probe hit inside
+                // one finds it odd and leaves it alone), so it still holds `v + 1`.
+                compiler_fence(Ordering::SeqCst);
+                c.store(v + 2, Ordering::Release);
+                return false;
+            }
+            let p = list.only_exit;
+            if !p.is_null() {
+                regs.ip = site.func as u64;
+                let hooked = entry_one_with_exit(ts, site, list, regs, sp, ret_ip);
+                leave(ts);
+                return hooked;
+            }
+        }
+        entry_listed(ts, site, list, regs, plain)
+    }
+}
+
+/// [`on_entry`] for a thread without a quiescence slot (its first hit, or no slot left).
+///
+/// # Safety
+/// As `on_entry`.
+#[cold]
+#[inline(never)]
+unsafe fn entry_unslotted(ts: *mut ThreadState, site: &Site, regs: &mut PtRegs) -> bool {
+    // SAFETY: own thread state; see on_entry.
     unsafe {
         if !enter(ts) {
             entry_recursed(site);
             return false;
         }
-        let mut hooked = false;
-        if let Some(list) = site.probes.load(Ordering::Acquire).as_ref() {
-            regs.ip = site.func as u64;
-            let sp = regs.sp as usize;
-            let ret_ip = *(sp as *const usize);
-            let d = (*ts).depth;
-            // The common cases, kept free of the general bookkeeping: no shadow frame is stale
-            // (none lies at or below this return slot, which is what `pop_stale` would look
-            // for) or shares the slot (a tail call from a hooked function finds the
-            // trampoline in it).
-            let plain = ret_ip != arch::return_trampoline()
-                && (d == 0 || (*ts).frames.get_unchecked(d - 1).sp > sp);
-            if plain && !list.has_exit {
-                if let [p] = &*list.probes {
-                    // One fprobe (the usual case): nothing but the thread state is needed
-                    // after its handler, so no register has to survive the call.
-                    call_entry_only(&**p, site.func, ret_ip, regs);
-                } else {
-                    entry_only_many(list, site.func, ret_ip, regs);
-                }
-            } else if let (true, [p]) = (plain, &*list.probes) {
-                hooked = entry_one_with_exit(ts, site, list, &**p, regs, sp, ret_ip);
+        let Some(list) = site.probes.load(Ordering::Acquire).as_ref() else {
+            leave(ts);
+            return false;
+        };
+        let sp = regs.sp as usize;
+        let ret_ip = *(sp as *const usize);
+        let d = (*ts).depth;
+        let plain = ret_ip != arch::return_trampoline()
+            && (d == 0 || (*ts).frames.get_unchecked(d - 1).sp > sp);
+        entry_listed(ts, site, list, regs, plain)
+    }
+}
+
+/// The rest of [`on_entry`], inside the dispatcher: every list but one lone entry-only
+/// fprobe, or a shadow stack that needs a look (`plain` false). Leaves the dispatcher.
+///
+/// # Safety
+/// Called by `on_entry` only, inside the dispatcher (busy, counter odd), with the site's
+/// current list.
+#[inline(never)]
+unsafe fn entry_listed(
+    ts: *mut ThreadState,
+    site: &Site,
+    list: &ProbeList,
+    regs: &mut PtRegs,
+    plain: bool,
+) -> bool {
+    // SAFETY: own thread state (see on_entry); probes of a published list stay allocated.
+    unsafe {
+        regs.ip = site.func as u64;
+        let sp = regs.sp as usize;
+        let ret_ip = *(sp as *const usize);
+        let hooked = if plain && !list.has_exit {
+            if let [p] = &*list.probes {
+                call_entry_only(&**p, site.func, ret_ip, regs);
             } else {
-                hooked = entry_general(ts, site, list, regs, sp, ret_ip);
+                entry_only_many(list, site.func, ret_ip, regs);
             }
-        }
+            false
+        } else if plain && !list.only_exit.is_null() {
+            entry_one_with_exit(ts, site, list, regs, sp, ret_ip)
+        } else {
+            entry_general(ts, site, list, regs, sp, ret_ip)
+        };
         leave(ts);
         hooked
     }
+}
+
+/// Runs a handler; a panic in it stops there (it must not unwind into the trampoline), and
+/// the call counts as having returned `default`.
+#[inline(always)]
+fn guarded<R>(handler: impl FnOnce() -> R, default: R) -> R {
+    match std::panic::catch_unwind(AssertUnwindSafe(handler)) {
+        Ok(r) => r,
+        Err(payload) => {
+            drop_panic(payload);
+            default
+        }
+    }
+}
+
+/// Frees a handler's panic payload out of line: dropped inline, the payload's two words
+/// took two callee-saved registers, saved and restored on every hit.
+#[cold]
+#[inline(never)]
+fn drop_panic(payload: Box<dyn std::any::Any + Send>) {
+    drop(payload);
 }
 
 /// Runs the entry handler of an fprobe without exit handler (its action has nothing to skip).
@@ -586,18 +728,16 @@ pub(crate) unsafe fn on_entry(site: &Site, regs: &mut PtRegs) -> bool {
 fn call_entry_only(p: &Probe, entry_ip: usize, ret_ip: usize, regs: &PtRegs) {
     if !p.disabled.load(Ordering::Relaxed) {
         if let Some(h) = &p.entry {
-            // (`unwrap_or`, not `let _`: the latter leaves a call to the Result's drop glue on
-            // the hit path.)
-            let _action = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                h(p, entry_ip, ret_ip, regs, &mut [])
-            }))
-            .unwrap_or(EntryAction::Continue);
+            guarded(
+                || h(p, entry_ip, ret_ip, regs, &mut []),
+                EntryAction::Continue,
+            );
         }
     }
 }
 
-/// [`on_entry`] for a site with one fprobe, which has an exit handler, and a shadow stack with
-/// nothing stale: what `entry_general` does for that case, with the frame written before the
+/// [`on_entry`] for a site with one fprobe (`list.only_exit`: with an exit handler and no
+/// `nr_maxactive`), and a shadow stack with nothing stale: what `entry_general` does for that case, with the frame written before the
 /// entry handler runs (so that only the thread state and the depth live across the call) and
 /// published after it.
 ///
@@ -609,34 +749,34 @@ unsafe fn entry_one_with_exit(
     ts: *mut ThreadState,
     site: &Site,
     list: &ProbeList,
-    p: &Probe,
     regs: &mut PtRegs,
     sp: usize,
     ret_ip: usize,
 ) -> bool {
-    // SAFETY: own thread state (see on_entry).
+    // SAFETY: own thread state (see on_entry); `only_exit` is set (the callers checked),
+    // and probes of a published list stay allocated.
     unsafe {
+        let p = &*list.only_exit;
         if p.disabled.load(Ordering::Relaxed) {
             return false;
         }
-        let words = words_for(p.entry_data_size);
+        let words = p.entry_words;
         let top = (*ts).arena_top;
         let d = (*ts).depth;
-        if p.nr_maxactive > 0
-            || site.no_return_hook.load(Ordering::Relaxed)
+        if site.no_return_hook.load(Ordering::Relaxed)
             || d >= MAX_FRAMES
             || top + 2 + words > ARENA_WORDS
         {
             return entry_general(ts, site, list, regs, sp, ret_ip);
         }
         let end = top + 2 + words;
-        (*ts).arena[top] =
-            p.slot.load(Ordering::Relaxed) as u64 | ((p.gen.load(Ordering::Relaxed) as u64) << 32);
-        (*ts).arena[top + 1] = words as u64;
+        // (Unchecked: `d` and `end` were just bounded.)
+        *(*ts).arena.get_unchecked_mut(top) = p.record_hdr;
+        *(*ts).arena.get_unchecked_mut(top + 1) = words as u64;
         (*ts).arena_top = end;
         // Not yet published: `depth` still excludes it and the slot keeps the real address,
         // so a stack walk the handler starts sees the true stack.
-        (*ts).frames[d] = Frame {
+        *(*ts).frames.get_unchecked_mut(d) = Frame {
             ret: ret_ip,
             sp,
             entry_ip: site.func,
@@ -649,8 +789,10 @@ unsafe fn entry_one_with_exit(
                     (*ts).arena.as_mut_ptr().add(top + 2).cast::<u8>(),
                     p.entry_data_size,
                 );
-                std::panic::catch_unwind(AssertUnwindSafe(|| h(p, site.func, ret_ip, regs, data)))
-                    .unwrap_or(EntryAction::Continue)
+                guarded(
+                    || h(p, site.func, ret_ip, regs, data),
+                    EntryAction::Continue,
+                )
             }
             None => EntryAction::Continue,
         };
@@ -730,7 +872,7 @@ unsafe fn entry_general(
             }
             let mut rec = None;
             if p.exit.is_some() {
-                let words = words_for(p.entry_data_size);
+                let words = p.entry_words;
                 let top = (*ts).arena_top;
                 let over_max = p.nr_maxactive > 0
                     && p.active.fetch_add(1, Ordering::Relaxed) >= p.nr_maxactive;
@@ -738,8 +880,7 @@ unsafe fn entry_general(
                     p.active.fetch_sub(1, Ordering::Relaxed);
                 }
                 if hook && !over_max && (*ts).depth < MAX_FRAMES && top + 2 + words <= ARENA_WORDS {
-                    (*ts).arena[top] = p.slot.load(Ordering::Relaxed) as u64
-                        | ((p.gen.load(Ordering::Relaxed) as u64) << 32);
+                    (*ts).arena[top] = p.record_hdr;
                     (*ts).arena[top + 1] = words as u64;
                     (*ts).arena_top = top + 2 + words;
                     first_rec.get_or_insert(top);
@@ -759,10 +900,10 @@ unsafe fn entry_general(
                 None => &mut [],
             };
             let action = match &p.entry {
-                Some(h) => std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    h(p, site.func, caller_ip, regs, data)
-                }))
-                .unwrap_or(EntryAction::Continue),
+                Some(h) => guarded(
+                    || h(p, site.func, caller_ip, regs, data),
+                    EntryAction::Continue,
+                ),
                 None => EntryAction::Continue,
             };
             if action == EntryAction::SkipExit {
@@ -817,14 +958,25 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
     // SAFETY: own thread state; see on_entry. Records lie inside the arena, frames below
     // `depth` inside `frames`.
     unsafe {
-        // Entered first, so that nothing loaded below has to survive a call into `enter`'s
-        // slow path.
-        let entered = enter(ts);
+        let c = (*ts).qcounter;
+        if c.is_null() {
+            // No quiescence slot (yet): everything in general, nothing to keep the fast
+            // path's registers for.
+            let entered = enter(ts);
+            return exit_general(ts, regs, entered);
+        }
+        // `enter` for a thread with a slot: the counter is odd while it is inside.
+        let c = &*c;
+        let v = c.load(Ordering::Relaxed);
+        if v & 1 != 0 {
+            return exit_general(ts, regs, false);
+        }
+        c.store(v + 1, Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
         let d = (*ts).depth;
-        // The common case: not inside a handler, the top frame is this slot's (nothing stale
-        // to pop), it returns to a real caller (not into an outer hook, as a tail call does)
-        // and holds one record.
-        if entered && d > 0 {
+        // The common case: the top frame is this slot's (nothing stale to pop), it returns to
+        // a real caller (not into an outer hook, as a tail call does) and holds one record.
+        if d > 0 {
             let f = (*ts).frames.get_unchecked(d - 1);
             let (f_ret, f_start) = (f.ret, f.arena_start);
             if f.sp == slot
@@ -847,7 +999,7 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
                 return;
             }
         }
-        exit_general(ts, regs, entered);
+        exit_general(ts, regs, true);
     }
 }
 
@@ -855,7 +1007,7 @@ pub(crate) unsafe fn on_exit(regs: &mut PtRegs) {
 ///
 /// # Safety
 /// Inside the dispatcher, not busy before it; `w` indexes a record written by `on_entry`.
-#[inline(never)]
+#[inline(always)]
 unsafe fn exit_one(
     ts: *mut ThreadState,
     w: usize,
@@ -872,9 +1024,7 @@ unsafe fn exit_one(
                         (*ts).arena.as_mut_ptr().add(w + 2).cast::<u8>(),
                         p.entry_data_size,
                     );
-                    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        h(p, entry_ip, caller_ip, regs, data)
-                    }));
+                    guarded(|| h(p, entry_ip, caller_ip, regs, data), ());
                 }
             }
             if p.nr_maxactive > 0 {
@@ -935,9 +1085,7 @@ unsafe fn exit_general(ts: *mut ThreadState, regs: &mut PtRegs, entered: bool) {
                             (*ts).arena.as_mut_ptr().add(w + 2).cast::<u8>(),
                             p.entry_data_size,
                         );
-                        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                            h(p, f_entry_ip, caller_ip, regs, data)
-                        }));
+                        guarded(|| h(p, f_entry_ip, caller_ip, regs, data), ());
                     }
                 }
                 if p.nr_maxactive > 0 {

@@ -435,8 +435,9 @@ impl FprobeBuilder {
             nmissed: AtomicU64::new(0),
             disabled: AtomicBool::new(false),
             slot: AtomicU32::new(slot),
-            gen: AtomicU32::new(gen),
             id,
+            record_hdr: slot as u64 | (gen as u64) << 32,
+            entry_words: self.entry_data_size.div_ceil(8),
         });
         PSLOTS[slot as usize]
             .probe
@@ -533,8 +534,7 @@ fn publish(rec: &SiteRec, retired: &mut Vec<*mut ProbeList>) {
         std::ptr::null_mut()
     } else {
         let probes: Box<[*const Probe]> = rec.probes.iter().map(Arc::as_ptr).collect();
-        let has_exit = rec.probes.iter().any(|p| p.exit.is_some());
-        Box::into_raw(Box::new(ProbeList { has_exit, probes }))
+        Box::into_raw(Box::new(ProbeList::new(probes)))
     };
     let old = rec.site.probes.swap(new, Ordering::AcqRel);
     if !old.is_null() {

@@ -268,3 +268,52 @@ fn ifunc_functions_are_probed_at_their_implementation() {
     assert!(hits.load(Ordering::Relaxed) >= 1);
     fp.unregister().unwrap();
 }
+
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn ut_rust_panicky(x: u64) -> u64 {
+    black_box(x).wrapping_mul(3) + 1
+}
+
+/// A handler that panics stops there: the probed call returns its value, the panic goes no
+/// further, and the next hits on the same thread run the handlers again (the thread was left
+/// outside the dispatcher). Entry-only (the lone-fprobe fast path) and entry + exit.
+#[test]
+fn panicking_handlers_are_contained() {
+    let _g = serial();
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {})); // the panics below are expected
+    for with_exit in [false, true] {
+        let entries = Arc::new(AtomicUsize::new(0));
+        let exits = Arc::new(AtomicUsize::new(0));
+        let (e, x) = (entries.clone(), exits.clone());
+        let mut b = Fprobe::builder().entry_handler(move |_, _, _, regs, _| {
+            let n = e.fetch_add(1, Ordering::SeqCst);
+            if n % 2 == 0 && regs.arg(0) == Some(7) {
+                panic!("entry handler panics on purpose");
+            }
+            EntryAction::Continue
+        });
+        if with_exit {
+            b = b.exit_handler(move |_, _, _, _, _| {
+                if x.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+                    panic!("exit handler panics on purpose");
+                }
+            });
+        }
+        let fp = b.register_syms(&["ut_rust_panicky"]).expect("register");
+        for i in 0..4u64 {
+            assert_eq!(ut_rust_panicky(black_box(7)), 22, "call {i}");
+        }
+        assert_eq!(entries.load(Ordering::SeqCst), 4, "with_exit {with_exit}");
+        assert_eq!(
+            exits.load(Ordering::SeqCst),
+            if with_exit { 4 } else { 0 },
+            "with_exit {with_exit}"
+        );
+        assert_eq!(fp.nmissed(), 0, "with_exit {with_exit}");
+        assert_eq!(ustrace_fprobe::outstanding_frames(), 0);
+        fp.unregister().expect("unregister");
+    }
+    std::panic::set_hook(hook);
+}

@@ -6,7 +6,7 @@
 //!  call func ───────────►  func: [endbr64]
 //!                          patch_at: jmp entry_stub ──► entry_stub:
 //!                                                        mov r11, &Site
-//!                                                        jmp [abs] ─────────────────► entry_trampoline:
+//!                                                        jmp (rel32 or [abs]) ──────► entry_trampoline:
 //!                                                                                      sub rsp, 296; save PtRegs+xmm0-7
 //!                                                                                      call dispatch_entry(r11, regs)
 //!                                                                                        - entry handlers
@@ -373,7 +373,16 @@ pub(crate) fn build_site(prologue: super::insn::Prologue, site: usize) -> Result
     let mut stub = Vec::with_capacity(ENTRY_STUB_LEN);
     stub.extend_from_slice(&[0x49, 0xbb]); // mov r11, imm64
     stub.extend_from_slice(&(site as u64).to_le_bytes());
-    stub.extend_from_slice(&super::insn::abs_jmp(entry_trampoline()));
+    // A direct jump when the trampoline is within reach (stubs lie near their function, so
+    // always for the program's own functions): no load and no indirect-branch prediction.
+    let from = entry_stub + stub.len() + 5;
+    match i32::try_from(entry_trampoline() as i64 - from as i64) {
+        Ok(rel) => {
+            stub.push(0xe9);
+            stub.extend_from_slice(&rel.to_le_bytes());
+        }
+        Err(_) => stub.extend_from_slice(&super::insn::abs_jmp(entry_trampoline())),
+    }
     assert!(stub.len() <= ENTRY_STUB_LEN);
     // Both ranges were just carved out of a chunk and nothing executes them until a later
     // patch publishes them (the patch writes them first and serialises every core).
