@@ -172,6 +172,47 @@ fn function_graph_draws_the_known_call_tree() {
     fs.rmdir(&dir).unwrap();
 }
 
+/// Graph tracers of several instances at once each keep their own per-thread depth (each
+/// runs in its own slot, whose number its handlers are built with): every instance draws
+/// the same tree, none nested inside another's calls.
+#[test]
+fn graph_tracers_of_several_instances_keep_their_own_depths() {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return;
+    };
+    let _g = serial();
+    let fs = ustrace::tracefs();
+    let dirs: Vec<String> = (0..3)
+        .map(|i| instance(&format!("fn_graph_many{i}")))
+        .collect();
+    for dir in &dirs {
+        fs.write_file(
+            &format!("{dir}/set_ftrace_filter"),
+            "ct_*:mod:libcalltree\n",
+        )
+        .unwrap();
+        fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
+            .unwrap();
+    }
+    let r = std::thread::spawn(move || (lib.top)(3)).join().unwrap();
+    assert_eq!(r, 43);
+    let traces: Vec<String> = dirs
+        .iter()
+        .map(|dir| fs.read_to_string(&format!("{dir}/trace")).unwrap())
+        .collect();
+    for dir in &dirs {
+        fs.write_file(&format!("{dir}/current_tracer"), "nop")
+            .unwrap();
+    }
+    for trace in &traces {
+        assert_eq!(shape(&body(trace)), EXPECTED_TOP, "{trace}");
+    }
+    for dir in &dirs {
+        fs.rmdir(dir).unwrap();
+    }
+}
+
 /// Durations in microseconds of each line that has one, with its nesting.
 fn durations(lines: &[String]) -> Vec<(usize, f64, String)> {
     lines

@@ -503,13 +503,16 @@ fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Option<Fprobe
                 EntryAction::Continue
             })
         }
-        Kind::Graph => {
-            let (le, lx) = (live.clone(), live.clone());
-            Fprobe::builder()
-                .entry_data_size(16)
-                .entry_handler(move |_, ip, _, _, data| graph_entry(&le, ip, data))
-                .exit_handler(move |_, ip, _, _, data| graph_exit(&lx, ip, data))
-        }
+        Kind::Graph => match live.graph_slot() {
+            0 => graph_handlers::<0>(live),
+            1 => graph_handlers::<1>(live),
+            2 => graph_handlers::<2>(live),
+            3 => graph_handlers::<3>(live),
+            4 => graph_handlers::<4>(live),
+            5 => graph_handlers::<5>(live),
+            6 => graph_handlers::<6>(live),
+            _ => graph_handlers::<7>(live),
+        },
         Kind::Nop => return Err(Errno::EINVAL),
     };
     match builder.register_ips_lenient(ips) {
@@ -518,6 +521,20 @@ fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Option<Fprobe
         Err(ustrace_fprobe::Error::Refused(_)) => Ok(None),
         Err(_) => Err(Errno(libc::ENODEV)),
     }
+}
+
+/// The graph tracer's handlers for the tracer in slot `S`. The slot is a constant of the
+/// handlers rather than a field they load: the per-thread depth counter is then at a fixed
+/// thread-local address (`%fs:const`), so the exit's store of the depth and the next
+/// entry's load of it need no load of their own before their address is known, and the
+/// two `slot` loads per call go.
+fn graph_handlers<const S: usize>(live: &Arc<Live>) -> ustrace_fprobe::FprobeBuilder {
+    debug_assert_eq!(live.graph_slot(), S);
+    let (le, lx) = (live.clone(), live.clone());
+    Fprobe::builder()
+        .entry_data_size(ENTRY_DATA)
+        .entry_handler(move |_, ip, _, _, data| graph_entry::<S>(&le, ip, data))
+        .exit_handler(move |_, ip, _, _, data| graph_exit::<S>(&lx, ip, data))
 }
 
 /// Re-applies the instance's sets after one changed: a new patched set for the filter
@@ -682,13 +699,13 @@ const GRAPH_GATES: u64 = ((gate::PIDS | gate::GRAPH | gate::THRESH) as u64) << 3
 /// threshold, within `max_graph_depth`) is a straight line: one look at the gate, the
 /// depth, one record, whose timestamp is also the call's `calltime` (one clock read).
 #[inline]
-fn graph_entry(live: &Live, ip: usize, data: &mut [u8]) -> EntryAction {
+fn graph_entry<const S: usize>(live: &Live, ip: usize, data: &mut [u8]) -> EntryAction {
     let Some(data) = data.first_chunk_mut::<ENTRY_DATA>() else {
         // The fprobe was registered with this size: never taken.
         return EntryAction::SkipExit;
     };
     let word = live.gate.load(Ordering::Relaxed);
-    let slot = live.graph_slot();
+    let slot = S & (GRAPH_SLOTS - 1);
     let depth = DEPTH.with(|d| d[slot].get());
     if word & GRAPH_GATES != 0 {
         return graph_entry_gated(live, ip, data, word, depth);
@@ -777,14 +794,14 @@ fn graph_entry_gated(
 /// The graph tracer's exit handler. The common case (the entry set no flag) writes one
 /// record, whose timestamp is also the call's `rettime` (one clock read).
 #[inline]
-fn graph_exit(live: &Live, ip: usize, data: &mut [u8]) {
+fn graph_exit<const S: usize>(live: &Live, ip: usize, data: &mut [u8]) {
     let Some(data) = data.first_chunk::<ENTRY_DATA>() else {
         return;
     };
     let calltime = u64::from_ne_bytes(data[0..8].try_into().expect("8 bytes"));
     let depth = u32::from_ne_bytes(data[8..12].try_into().expect("4 bytes"));
     let flags = u32::from_ne_bytes(data[12..16].try_into().expect("4 bytes"));
-    DEPTH.with(|d| d[live.graph_slot()].set(depth));
+    DEPTH.with(|d| d[S & (GRAPH_SLOTS - 1)].set(depth));
     if flags != 0 {
         graph_exit_flagged(live, ip, depth, calltime, flags);
         return;
