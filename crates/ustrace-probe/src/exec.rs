@@ -17,6 +17,11 @@
 //! only read through [`FetchContext`], take no lock and allocate nothing.
 //! A fault while fetching a string stores length 0, printed `(fault)`; a
 //! fault while fetching a number stores 0.
+//!
+//! Two shapes skip the interpreter, resolved when the program is built: arguments
+//! that are each one plain load (`$argN`, a register, `$retval`) and an eprobe's
+//! numeric source-record fields, which become fixed-width copies (adjacent fields
+//! merged) beside whatever the interpreter still runs.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -462,8 +467,9 @@ impl ProbeDefinition {
             entry: self.entry_args.args.clone().into_boxed_slice(),
             inventory,
             direct: direct.map(Vec::into_boxed_slice),
+            // `run` tests copies before storing a probe header: eprobes have none.
             copies: match self.kind {
-                ProbeKind::Eprobe => FieldCopies::of(&self.args, header, fixed),
+                ProbeKind::Eprobe if header == 0 => FieldCopies::of(&self.args, header, fixed),
                 _ => None,
             },
             has_dynamic: self.args.iter().any(ArgDef::dynamic),
@@ -666,14 +672,7 @@ impl Program {
         if out.len() < fixed_end {
             return 0;
         }
-        match self.header {
-            8 => le_store(&mut out[0..8], ctx.probe_ip()),
-            16 => {
-                le_store(&mut out[0..8], ctx.probe_ip());
-                le_store(&mut out[8..16], ctx.return_ip());
-            }
-            _ => {}
-        }
+        // Only eprobes have copies, and they have no probe header: tested first.
         if let Some(plan) = &self.copies {
             if !plan.apply(ctx.event_record(), out) {
                 // A source record too short for some copy: the interpreter stores 0 for
@@ -684,6 +683,14 @@ impl Program {
                 return fixed_end;
             }
             return self.run_rest(ctx, out, &plan.rest);
+        }
+        match self.header {
+            8 => le_store(&mut out[0..8], ctx.probe_ip()),
+            16 => {
+                le_store(&mut out[0..8], ctx.probe_ip());
+                le_store(&mut out[8..16], ctx.return_ip());
+            }
+            _ => {}
         }
         if let Some(direct) = &self.direct {
             for d in direct.iter() {
