@@ -55,15 +55,16 @@ ustrace::trace_event! {
 ustrace::trace_event! {
     /// Fields of every width, signed and not, adjacent and apart, and a string: what an
     /// eprobe's precompiled field copies must move exactly.
-    pub fn dsched::mixed(b: i8, h: i16, w: i32, q: u64, name: &str, u: u8, uh: u16, uw: u32) {
+    /// `tail` carries `uh` in its low 16 bits and `uw` above them (seven arguments at most).
+    pub fn dsched::mixed(b: i8, h: i16, w: i32, q: u64, name: &str, u: u8, tail: u64) {
         b: i8 = b,
         h: i16 = h,
         w: i32 = w,
         q: u64 = q,
         name: &str = name,
         u: u8 = u,
-        uh: u16 = uh,
-        uw: u32 = uw,
+        uh: u16 = tail as u16,
+        uw: u32 = (tail >> 16) as u32,
     }
     print "b=%d h=%d w=%d q=%llu name=%s u=%u uh=%u uw=%u", b, h, w, q, name, u, uh, uw;
 }
@@ -318,10 +319,17 @@ fn eprobes_copy_fields_of_every_width() {
         0x0102_0304_0506_0708,
         "strawberry",
         0xfe,
-        0xbeef,
-        4_000_000_000,
+        (4_000_000_000 << 16) | 0xbeef,
     );
-    mixed::trace(127, 32767, i32::MAX, u64::MAX, "", 0, 1, 0x8000_0001);
+    mixed::trace(
+        127,
+        32767,
+        i32::MAX,
+        u64::MAX,
+        "",
+        0,
+        (0x8000_0001 << 16) | 1,
+    );
     let lines = t.lines();
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert_eq!(
