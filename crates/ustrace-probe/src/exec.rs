@@ -17,6 +17,11 @@
 //! only read through [`FetchContext`], take no lock and allocate nothing.
 //! A fault while fetching a string stores length 0, printed `(fault)`; a
 //! fault while fetching a number stores 0.
+//!
+//! Two shapes skip the interpreter, resolved when the program is built: arguments
+//! that are each one plain load (`$argN`, a register, `$retval`) and an eprobe's
+//! numeric source-record fields, which become fixed-width copies (adjacent fields
+//! merged) beside whatever the interpreter still runs.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -115,6 +120,10 @@ pub struct Program {
     /// When every argument is one plain load stored as is (`len=$arg2`,
     /// `x=%di:u32`, `r=$retval`): the loads, so `run` skips the interpreter.
     direct: Option<Box<[DirectArg]>>,
+    /// Eprobes: the numeric source-record fields as precompiled copies.
+    copies: Option<FieldCopies>,
+    /// Whether any argument is a string (its size is known only per hit).
+    has_dynamic: bool,
 }
 
 /// An argument that is one load stored as is (see `Program::direct`).
@@ -133,13 +142,6 @@ enum DirectSrc {
     RetVal,
     Imm(u64),
     StackP,
-    /// A number in the source record (eprobes), loaded as the interpreter's
-    /// `EventField` loads one of 1, 2, 4 or 8 bytes.
-    Field {
-        offset: usize,
-        size: usize,
-        signed: bool,
-    },
 }
 
 impl DirectArg {
@@ -161,26 +163,7 @@ impl DirectArg {
             Insn::RetVal => DirectSrc::RetVal,
             Insn::Imm(v) => DirectSrc::Imm(v),
             Insn::StackP => DirectSrc::StackP,
-            Insn::EventField {
-                offset,
-                size,
-                signed,
-                kind,
-            } if matches!(size, 1 | 2 | 4 | 8)
-                && !matches!(
-                    kind,
-                    FieldKind::DynString
-                        | FieldKind::DynBytes
-                        | FieldKind::CharArray
-                        | FieldKind::TailString
-                ) =>
-            {
-                DirectSrc::Field {
-                    offset: offset as usize,
-                    size: size as usize,
-                    signed,
-                }
-            }
+            // Source-record fields are the copy plan's (`FieldCopies`).
             _ => return None,
         };
         Some(DirectArg {
@@ -198,20 +181,255 @@ impl DirectArg {
             DirectSrc::RetVal => ctx.return_value(),
             DirectSrc::Imm(v) => v,
             DirectSrc::StackP => ctx.stack_pointer(),
-            DirectSrc::Field {
-                offset,
-                size,
-                signed,
-            } => {
-                let raw = le_load(ctx.event_record().get(offset..offset + size)?);
-                match (size, signed) {
-                    (1, true) => raw as u8 as i8 as i64 as u64,
-                    (2, true) => raw as u16 as i16 as i64 as u64,
-                    (4, true) => raw as u32 as i32 as i64 as u64,
-                    _ => raw,
+        })
+    }
+}
+
+/// An eprobe's numeric source-record fields, resolved when the program is built into
+/// copies from the source record to the new one, so that a hit moves each field (or each
+/// run of fields adjacent in both records) with fixed-width loads and stores instead of
+/// going through the interpreter's dispatch on the source and the size. The arguments
+/// it does not cover (strings, char arrays, dereferences) go through the interpreter.
+#[derive(Debug, Clone)]
+struct FieldCopies {
+    /// The source record must hold this many bytes for every copied field to be whole; a
+    /// shorter one goes through the interpreter, which stores 0 for a missing field.
+    src_end: usize,
+    /// End of the last byte written in the record body.
+    dst_end: usize,
+    ops: Box<[FieldCopy]>,
+    /// Indexes of the arguments the interpreter runs, in argument order.
+    rest: Box<[u16]>,
+}
+
+/// One copy from the source record (`src`, record start) into the record body (`dst`,
+/// after the common header). Little-endian: a store no wider than the field keeps its
+/// low bytes, which come first, so truncation (sign or not) is a plain byte copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FieldCopy {
+    B1 {
+        src: u32,
+        dst: u32,
+    },
+    B2 {
+        src: u32,
+        dst: u32,
+    },
+    B4 {
+        src: u32,
+        dst: u32,
+    },
+    B8 {
+        src: u32,
+        dst: u32,
+    },
+    /// 9 to 16 bytes (adjacent fields): two overlapping 8-byte moves.
+    B16 {
+        src: u32,
+        dst: u32,
+        len: u32,
+    },
+    /// Any other run of adjacent fields.
+    Span {
+        src: u32,
+        dst: u32,
+        len: u32,
+    },
+    /// A field of `from` bytes stored wider (`to` bytes), zero- or sign-extended.
+    Widen {
+        src: u32,
+        dst: u32,
+        from: u8,
+        to: u8,
+        signed: bool,
+    },
+}
+
+impl FieldCopy {
+    /// A plain copy of `len` bytes in its narrowest form.
+    fn bytes(src: u32, dst: u32, len: u32) -> FieldCopy {
+        match len {
+            1 => FieldCopy::B1 { src, dst },
+            2 => FieldCopy::B2 { src, dst },
+            4 => FieldCopy::B4 { src, dst },
+            8 => FieldCopy::B8 { src, dst },
+            9..=16 => FieldCopy::B16 { src, dst, len },
+            _ => FieldCopy::Span { src, dst, len },
+        }
+    }
+
+    /// `(src, dst, len)` when the copy moves bytes as they are.
+    fn as_bytes(self) -> Option<(u32, u32, u32)> {
+        match self {
+            FieldCopy::B1 { src, dst } => Some((src, dst, 1)),
+            FieldCopy::B2 { src, dst } => Some((src, dst, 2)),
+            FieldCopy::B4 { src, dst } => Some((src, dst, 4)),
+            FieldCopy::B8 { src, dst } => Some((src, dst, 8)),
+            FieldCopy::B16 { src, dst, len } | FieldCopy::Span { src, dst, len } => {
+                Some((src, dst, len))
+            }
+            FieldCopy::Widen { .. } => None,
+        }
+    }
+
+    /// End of the bytes the copy writes in the record body.
+    fn dst_end(self) -> usize {
+        let (dst, len) = match self {
+            FieldCopy::Widen { dst, to, .. } => (dst, u32::from(to)),
+            other => {
+                let (_, dst, len) = other.as_bytes().expect("a byte copy");
+                (dst, len)
+            }
+        };
+        (dst + len) as usize
+    }
+}
+
+impl FieldCopies {
+    /// The plan for an eprobe's arguments (`header` is 0 for eprobes but kept general),
+    /// or `None` when no argument is a plain numeric field load.
+    fn of(args: &[ArgDef], header: usize, fixed: usize) -> Option<FieldCopies> {
+        let mut ops: Vec<FieldCopy> = Vec::new();
+        let mut rest = Vec::new();
+        let mut src_end = 0;
+        for (i, a) in args.iter().enumerate() {
+            match Self::copy_of(a, header) {
+                Some((op, field_end)) => {
+                    match (ops.last().and_then(|l| l.as_bytes()), op.as_bytes()) {
+                        // Adjacent in both records: one longer copy.
+                        (Some((ls, ld, ll)), Some((s, d, l))) if ls + ll == s && ld + ll == d => {
+                            *ops.last_mut().expect("a last op") = FieldCopy::bytes(ls, ld, ll + l);
+                            src_end = src_end.max(field_end);
+                        }
+                        _ => {
+                            ops.push(op);
+                            src_end = src_end.max(field_end);
+                        }
+                    }
+                }
+                None => rest.push(u16::try_from(i).ok()?),
+            }
+        }
+        if ops.is_empty() {
+            return None;
+        }
+        // Copies write only the fixed area, where the interpreter would.
+        let dst_end = ops.iter().map(|op| op.dst_end()).max().unwrap_or(0);
+        if dst_end > header + fixed {
+            return None;
+        }
+        Some(FieldCopies {
+            src_end,
+            dst_end,
+            ops: ops.into_boxed_slice(),
+            rest: rest.into_boxed_slice(),
+        })
+    }
+
+    /// The copy for an argument that is exactly "load a numeric field, store it raw",
+    /// and the end of the field in the source record: the interpreter loads a field only
+    /// when all of it is there, even when fewer bytes are stored.
+    fn copy_of(a: &ArgDef, header: usize) -> Option<(FieldCopy, usize)> {
+        if a.count != 0 || a.ty.is_string() {
+            return None;
+        }
+        let [Insn::EventField {
+            offset,
+            size,
+            signed,
+            kind,
+        }, Insn::StRaw(n), Insn::End] = a.code.as_slice()
+        else {
+            return None;
+        };
+        let to = a.ty.size();
+        if usize::from(*n) != to || !matches!(to, 1 | 2 | 4 | 8) || !matches!(size, 1 | 2 | 4 | 8) {
+            return None;
+        }
+        if matches!(
+            kind,
+            FieldKind::DynString
+                | FieldKind::DynBytes
+                | FieldKind::CharArray
+                | FieldKind::TailString
+        ) {
+            return None;
+        }
+        let src = *offset;
+        let dst = u32::try_from(header + a.offset).ok()?;
+        let field_end = src.checked_add(u32::from(*size))? as usize;
+        let op = if to <= usize::from(*size) {
+            FieldCopy::bytes(src, dst, to as u32)
+        } else {
+            FieldCopy::Widen {
+                src,
+                dst,
+                from: *size,
+                to: to as u8,
+                signed: *signed,
+            }
+        };
+        Some((op, field_end))
+    }
+
+    /// Runs the copies; false (nothing written) when `rec` is shorter than the plan
+    /// reads or `out` than it writes.
+    #[inline(always)]
+    fn apply(&self, rec: &[u8], out: &mut [u8]) -> bool {
+        // One check for every copy below.
+        if rec.len() < self.src_end || out.len() < self.dst_end {
+            return false;
+        }
+        let (s, d) = (rec.as_ptr(), out.as_mut_ptr());
+        macro_rules! mv {
+            ($t:ty, $src:expr, $dst:expr) => {
+                // SAFETY: `FieldCopies::of` made every copy read `[src, src + width)`
+                // inside a field that ends by `src_end <= rec.len()` and write
+                // `[dst, dst + width)` with `dst + width <= dst_end <= out.len()` (both
+                // checked above); the slices are distinct borrows; the moves are unaligned.
+                unsafe {
+                    d.add($dst as usize)
+                        .cast::<$t>()
+                        .write_unaligned(s.add($src as usize).cast::<$t>().read_unaligned())
+                }
+            };
+        }
+        for op in self.ops.iter() {
+            match *op {
+                FieldCopy::B1 { src, dst } => mv!(u8, src, dst),
+                FieldCopy::B2 { src, dst } => mv!(u16, src, dst),
+                FieldCopy::B4 { src, dst } => mv!(u32, src, dst),
+                FieldCopy::B8 { src, dst } => mv!(u64, src, dst),
+                FieldCopy::B16 { src, dst, len } => {
+                    // The halves overlap in the middle, where both write the same bytes.
+                    mv!(u64, src, dst);
+                    mv!(u64, src + len - 8, dst + len - 8);
+                }
+                FieldCopy::Span { src, dst, len } => {
+                    let (src, dst, len) = (src as usize, dst as usize, len as usize);
+                    out[dst..dst + len].copy_from_slice(&rec[src..src + len]);
+                }
+                FieldCopy::Widen {
+                    src,
+                    dst,
+                    from,
+                    to,
+                    signed,
+                } => {
+                    let src = src as usize;
+                    let raw = le_load(&rec[src..src + usize::from(from)]);
+                    let v = match (from, signed) {
+                        (1, true) => raw as u8 as i8 as i64 as u64,
+                        (2, true) => raw as u16 as i16 as i64 as u64,
+                        (4, true) => raw as u32 as i32 as i64 as u64,
+                        _ => raw,
+                    };
+                    let dst = dst as usize;
+                    le_store(&mut out[dst..dst + usize::from(to)], v);
                 }
             }
-        })
+        }
+        true
     }
 }
 
@@ -249,6 +467,12 @@ impl ProbeDefinition {
             entry: self.entry_args.args.clone().into_boxed_slice(),
             inventory,
             direct: direct.map(Vec::into_boxed_slice),
+            // `run` tests copies before storing a probe header: eprobes have none.
+            copies: match self.kind {
+                ProbeKind::Eprobe if header == 0 => FieldCopies::of(&self.args, header, fixed),
+                _ => None,
+            },
+            has_dynamic: self.args.iter().any(ArgDef::dynamic),
         }
     }
 }
@@ -425,7 +649,7 @@ impl Program {
     /// needs for this hit (probe header + arguments + strings).
     #[inline]
     pub fn record_size<C: FetchContext>(&self, ctx: &C) -> usize {
-        if self.direct.is_some() {
+        if self.direct.is_some() || !self.has_dynamic {
             return self.header + self.fixed;
         }
         let ctx: &dyn FetchContext = ctx;
@@ -447,6 +671,18 @@ impl Program {
         let fixed_end = self.header + self.fixed;
         if out.len() < fixed_end {
             return 0;
+        }
+        // Only eprobes have copies, and they have no probe header: tested first.
+        if let Some(plan) = &self.copies {
+            if !plan.apply(ctx.event_record(), out) {
+                // A source record too short for some copy: the interpreter stores 0 for
+                // what is missing.
+                return self.run_interpreted(ctx, out);
+            }
+            if plan.rest.is_empty() {
+                return fixed_end;
+            }
+            return self.run_rest(ctx, out, &plan.rest);
         }
         match self.header {
             8 => le_store(&mut out[0..8], ctx.probe_ip()),
@@ -497,6 +733,25 @@ impl Program {
         };
         for a in self.args.iter() {
             let at = self.header + a.offset;
+            self.exec(a, ctx, Some(at), Some(&mut area));
+        }
+        area.pos
+    }
+
+    /// The arguments the copy plan leaves to the interpreter (`rest`), after the copies
+    /// ran: each slot is cleared as `run_interpreted` clears the whole fixed area, and
+    /// strings go to the dynamic area in argument order, as there.
+    #[inline(never)]
+    fn run_rest(&self, ctx: &dyn FetchContext, out: &mut [u8], rest: &[u16]) -> usize {
+        let fixed_end = self.header + self.fixed;
+        let mut area = DynArea {
+            out,
+            pos: fixed_end,
+        };
+        for &i in rest {
+            let a = &self.args[usize::from(i)];
+            let at = self.header + a.offset;
+            area.out[at..at + a.fixed_size()].fill(0);
             self.exec(a, ctx, Some(at), Some(&mut area));
         }
         area.pos
@@ -977,9 +1232,11 @@ mod tests {
         };
         let fast = d.compile(None);
         let codes: Vec<_> = d.args.iter().map(|a| (&a.code, a.ty, a.count)).collect();
-        assert_eq!(fast.direct.is_some(), direct, "{line}: {codes:?}");
+        let taken = fast.direct.is_some() || fast.copies.is_some();
+        assert_eq!(taken, direct, "{line}: {codes:?}");
         let mut slow = fast.clone();
         slow.direct = None;
+        slow.copies = None;
         let n = fast.record_size(ctx);
         assert_eq!(n, slow.record_size(ctx), "{line}");
         let (mut a, mut b) = (vec![0xAAu8; n], vec![0x55u8; n]);
@@ -1007,6 +1264,7 @@ mod tests {
                 f("h", "s16", 10, 2, true, FieldKind::Int),
                 f("w", "int", 12, 4, true, FieldKind::Int),
                 f("u", "unsigned int", 16, 4, false, FieldKind::Int),
+                f("pad", "u32", 20, 4, false, FieldKind::Int),
                 f("q", "u64", 24, 8, false, FieldKind::Int),
                 f(
                     "arr",
@@ -1040,21 +1298,28 @@ mod tests {
         }
     }
 
-    /// Numbers read from the source record take the direct path and store what the
-    /// interpreter stores (sign extension included); strings and char arrays do not.
-    #[test]
-    fn direct_field_loads_match_the_interpreter() {
+    /// The source record of [`RecEnv`]'s event, every field a distinct value.
+    fn rec_bytes() -> Vec<u8> {
         let mut rec = vec![0u8; 64];
         rec[8] = 0xfe;
         rec[10..12].copy_from_slice(&(-300i16).to_le_bytes());
         rec[12..16].copy_from_slice(&(-7i32).to_le_bytes());
         rec[16..20].copy_from_slice(&0xffff_fff0u32.to_le_bytes());
+        rec[20..24].copy_from_slice(&0x8765_4321u32.to_le_bytes());
         rec[24..32].copy_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
         rec[32..36].copy_from_slice(&[1, 2, 3, 4]);
         rec[40..44].copy_from_slice(b"abc\0");
         rec[48..52].copy_from_slice(&((3u32 << 16) | 56).to_le_bytes());
         rec[56..59].copy_from_slice(b"xy\0");
-        let ctx = Rec(rec);
+        rec
+    }
+
+    /// Numbers read from the source record take the copy plan and store what the
+    /// interpreter stores (sign extension, truncation, adjacent fields merged, strings
+    /// and char arrays beside them, a source record too short for the plan); programs
+    /// with no numeric field do not take it.
+    #[test]
+    fn field_copies_match_the_interpreter() {
         let cases = [
             ("e:t/a s.e b=$b h=$h w=$w u=$u q=$q", true),
             (
@@ -1064,10 +1329,87 @@ mod tests {
             ("e:t/c s.e q=$q:u16 w=$w:u8", true),
             ("e:t/d s.e n=$name", false),
             ("e:t/e s.e s=$s", false),
-            ("e:t/f s.e q=$q s=$s:string", false),
+            ("e:t/f s.e q=$q s=$s:string", true),
+            ("e:t/g s.e h=$h w=$w u=$u pad=$pad q=$q", true),
+            ("e:t/h s.e u=$u pad=$pad q=$q arr=$arr:u8", true),
+            ("e:t/i s.e n=$name w=$w s=$s u=$u c=$comm b=$b:s16", true),
+            ("e:t/j s.e w=$w u=$u:u16 pad=$pad", true),
         ];
-        for (line, direct) in cases {
-            direct_matches_interpreter(line, &RecEnv, &ctx, direct);
+        for len in [64, 28, 0] {
+            let ctx = Rec(rec_bytes()[..len].to_vec());
+            for (line, direct) in cases {
+                direct_matches_interpreter(line, &RecEnv, &ctx, direct);
+            }
+        }
+    }
+
+    /// Fields adjacent in both records become one copy of the right width; a gap in
+    /// either record, a widening or an argument between them keeps them apart.
+    #[test]
+    fn field_copies_merge_adjacent_fields() {
+        use FieldCopy::*;
+        let plan = |line: &str| {
+            let Ok(DynCommand::Create(d)) = parse_command(line, &RecEnv) else {
+                panic!("{line}");
+            };
+            let copies = d.compile(None).copies.expect("a copy plan");
+            (copies.ops.to_vec(), copies.rest.to_vec())
+        };
+        let cases: [(&str, Vec<FieldCopy>, Vec<u16>); 6] = [
+            // Source 12..20 into body 0..8.
+            (
+                "e:t/a s.e w=$w:s32 u=$u:u32",
+                vec![B8 { src: 12, dst: 0 }],
+                vec![],
+            ),
+            // 10..32: 22 bytes.
+            (
+                "e:t/b s.e h=$h:s16 w=$w:s32 u=$u:u32 pad=$pad:u32 q=$q",
+                vec![Span {
+                    src: 10,
+                    dst: 0,
+                    len: 22,
+                }],
+                vec![],
+            ),
+            (
+                "e:t/c s.e q=$q arr=$arr:u32",
+                vec![B16 {
+                    src: 24,
+                    dst: 0,
+                    len: 12,
+                }],
+                vec![],
+            ),
+            // A gap in the source (8..9, then 10).
+            (
+                "e:t/d s.e b=$b:s8 h=$h:s16",
+                vec![B1 { src: 8, dst: 0 }, B2 { src: 10, dst: 1 }],
+                vec![],
+            ),
+            // A narrower store leaves a gap in the source.
+            (
+                "e:t/e s.e u=$u:u16 pad=$pad:u8",
+                vec![B2 { src: 16, dst: 0 }, B1 { src: 20, dst: 2 }],
+                vec![],
+            ),
+            (
+                "e:t/f s.e w=$w:s64 s=$s:string u=$u:u32",
+                vec![
+                    Widen {
+                        src: 12,
+                        dst: 0,
+                        from: 4,
+                        to: 8,
+                        signed: true,
+                    },
+                    B4 { src: 16, dst: 12 },
+                ],
+                vec![1],
+            ),
+        ];
+        for (line, ops, rest) in cases {
+            assert_eq!(plan(line), (ops, rest), "{line}");
         }
     }
 }

@@ -228,9 +228,9 @@ impl DynEvent {
                     &source,
                     filter,
                     Arc::new(move |record: &[u8]| {
-                        let ctx = HitContext {
+                        let ctx = RecordContext {
                             record,
-                            ..HitContext::empty()
+                            comm: std::cell::OnceCell::new(),
                         };
                         emit(&file, &program, &ctx);
                     }),
@@ -510,11 +510,36 @@ impl FetchContext for HitContext<'_> {
     }
 }
 
+/// What an eprobe's hit offers the fetch program: the source record, and the thread's
+/// name if read. Everything else reads as [`HitContext::empty`] gives it (0, none), with
+/// a smaller context to build on every record of the source event.
+struct RecordContext<'a> {
+    record: &'a [u8],
+    comm: std::cell::OnceCell<[u8; 16]>,
+}
+
+impl FetchContext for RecordContext<'_> {
+    #[inline]
+    fn arg(&self, _n: usize) -> u64 {
+        0
+    }
+    fn stack_pointer(&self) -> u64 {
+        0
+    }
+    fn comm(&self) -> &[u8] {
+        self.comm.get_or_init(crate::thread::current_comm_bytes)
+    }
+    #[inline]
+    fn event_record(&self) -> &[u8] {
+        self.record
+    }
+}
+
 /// Writes one record of `program` for this hit into `file`.
 // Always inlined into each probe's handler: the hit then builds its context, tests the event
 // and reserves in one frame instead of two.
 #[inline(always)]
-fn emit(file: &EventFile, program: &Program, ctx: &HitContext<'_>) {
+fn emit<C: FetchContext>(file: &EventFile, program: &Program, ctx: &C) {
     if !file.wants_record() {
         return;
     }

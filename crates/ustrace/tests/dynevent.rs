@@ -52,6 +52,23 @@ ustrace::trace_event! {
     print "comm=%s pid=%d prio=%d", comm, pid, prio;
 }
 
+ustrace::trace_event! {
+    /// Fields of every width, signed and not, adjacent and apart, and a string: what an
+    /// eprobe's precompiled field copies must move exactly.
+    /// `tail` carries `uh` in its low 16 bits and `uw` above them (seven arguments at most).
+    pub fn dsched::mixed(b: i8, h: i16, w: i32, q: u64, name: &str, u: u8, tail: u64) {
+        b: i8 = b,
+        h: i16 = h,
+        w: i32 = w,
+        q: u64 = q,
+        name: &str = name,
+        u: u8 = u,
+        uh: u16 = tail as u16,
+        uw: u32 = (tail >> 16) as u32,
+    }
+    print "b=%d h=%d w=%d q=%llu name=%s u=%u uh=%u uw=%u", b, h, w, q, name, u, uh, uw;
+}
+
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn read(path: &str) -> String {
@@ -281,6 +298,57 @@ fn eprobes_derive_events_from_other_events() {
     assert_eq!(t.lines().len(), 1);
     write(&t.p("events/eprobes/high_prio/enable"), "0\n").unwrap();
     assert_eq!(read(&t.p("events/dsched/waking/enable")), "0\n");
+}
+
+// An eprobe reading every field of an event of mixed widths: as they are, adjacent ones
+// together, narrowed, widened (sign- and zero-extended), around a string, each value checked.
+#[test]
+fn eprobes_copy_fields_of_every_width() {
+    let t = Scope::new("dyn-eprobe-mixed");
+    let def = concat!(
+        "e:eprobes/mixed dsched.mixed b=$b:s8 h=$h:s16 w=$w:s32 q=$q:x64 name=$name:string ",
+        "u=$u:u8 uh=$uh:x16 uw=$uw:u32 bw=$b:s64 hw=$h:u32 qn=$q:u16 wn=$w:s8 uq=$u:x64 ",
+        "raw=$uw\n"
+    );
+    append("dynamic_events", def).unwrap();
+    write(&t.p("events/eprobes/mixed/enable"), "1\n").unwrap();
+    mixed::trace(
+        -5,
+        -300,
+        -70000,
+        0x0102_0304_0506_0708,
+        "strawberry",
+        0xfe,
+        (4_000_000_000 << 16) | 0xbeef,
+    );
+    mixed::trace(
+        127,
+        32767,
+        i32::MAX,
+        u64::MAX,
+        "",
+        0,
+        (0x8000_0001 << 16) | 1,
+    );
+    let lines = t.lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(
+        text_of(&lines[0]),
+        concat!(
+            "mixed: (dsched.mixed) b=-5 h=-300 w=-70000 q=0x102030405060708 ",
+            "name=\"strawberry\" u=254 uh=0xbeef uw=4000000000 bw=-5 hw=4294966996 ",
+            "qn=1800 wn=-112 uq=0xfe raw=0xee6b2800"
+        ),
+    );
+    assert_eq!(
+        text_of(&lines[1]),
+        concat!(
+            "mixed: (dsched.mixed) b=127 h=32767 w=2147483647 q=0xffffffffffffffff ",
+            "name=\"\" u=0 uh=0x1 uw=2147483649 bw=127 hw=32767 qn=65535 wn=-1 uq=0x0 ",
+            "raw=0x80000001"
+        ),
+    );
+    write(&t.p("events/eprobes/mixed/enable"), "0\n").unwrap();
 }
 
 #[test]
