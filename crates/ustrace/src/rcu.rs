@@ -174,16 +174,6 @@ pub fn read_lock() -> ReadGuard {
     enter(slot())
 }
 
-/// [`read_lock`] for a thread that already has its slot; `None` (and no section) for one
-/// that does not yet, which then takes [`read_lock`]. For the tracepoint's call, so that
-/// the first-use path with its call is not in the same frame as the probe's call: the
-/// probe's arguments need no saved registers to outlive it.
-#[inline(always)]
-pub(crate) fn read_lock_registered() -> Option<ReadGuard> {
-    // `SLOT` has no destructor, so it is never unavailable: `ok()` only unwraps.
-    Some(enter(SLOT.try_with(|s| s.get()).ok().flatten()?))
-}
-
 #[inline(always)]
 fn enter(slot: &'static Slot) -> ReadGuard {
     // Only this thread writes its `ctr`. A signal handler that enters a section between the

@@ -275,20 +275,18 @@ impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
     /// As [`Tracepoint::for_each_probe`], for the tracepoint macro: `one` calls the only
     /// probe, `many` every probe of a longer list. Two closures, so that each can capture the
     /// arguments by value: the one-probe call keeps them in registers, where a single closure
-    /// shared with the loop would need them stored in memory on every call. `false`, having
-    /// called nothing, on a thread's first call (it has no read-side slot yet): the caller
-    /// then calls [`Tracepoint::for_each_probe`], out of line, so that no call but the
-    /// probe's is made from this frame.
+    /// shared with the loop would need them stored in memory on every call.
+    ///
+    /// (A thread's first call, which registers its read-side slot, stays in this frame: a
+    /// path of its own would add a frame to that one call's stack, and stack keys skip a
+    /// fixed count of record-path frames measured once.)
     #[doc(hidden)]
     #[inline(always)]
-    #[must_use]
-    pub fn call_probes(&self, one: impl FnOnce(&P), many: impl FnOnce(ProbeList<'_, P>)) -> bool {
-        let Some(_section) = rcu::read_lock_registered() else {
-            return false;
-        };
+    pub fn call_probes(&self, one: impl FnOnce(&P), many: impl FnOnce(ProbeList<'_, P>)) {
+        let _section = rcu::read_lock();
         let array = self.probes.load(Ordering::Acquire);
         if array.is_null() {
-            return true;
+            return;
         }
         // SAFETY: as in `for_each_probe`.
         let probes = unsafe { &*array };
@@ -300,7 +298,6 @@ impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
                 _section: std::marker::PhantomData,
             }),
         }
-        true
     }
 
     /// Attaches `probe`; higher `prio` runs first, equal priorities in registration order.
@@ -614,20 +611,10 @@ macro_rules! __tracepoint_items {
         fn __call_probes($($arg: $ty),*) {
             // `move`: each closure holds the arguments, not their addresses, so they need no
             // home in memory on the one-probe path; several probes take a call of their own.
-            if !TRACEPOINT.call_probes(
+            TRACEPOINT.call_probes(
                 move |probe| probe($($arg),*),
                 move |probes| __call_each(probes, $($arg),*),
-            ) {
-                __call_probes_first($($arg),*);
-            }
-        }
-
-        /// A thread's first call (see `Tracepoint::call_probes`).
-        #[inline(never)]
-        #[cold]
-        #[allow(clippy::too_many_arguments)]
-        fn __call_probes_first($($arg: $ty),*) {
-            TRACEPOINT.for_each_probe(move |probe| probe($($arg),*));
+            );
         }
 
         #[inline(never)]
@@ -750,8 +737,8 @@ mod tests {
         fn tp_test_first_call(x: u64);
     }
 
-    /// A thread's first call has no read-side slot yet and takes the out-of-line path
-    /// (`__call_probes_first`); its later calls the inline one. Both reach the probe.
+    /// A thread's first call registers its read-side slot on the way; it and the later
+    /// calls reach the probe.
     #[test]
     fn a_threads_first_call_and_later_ones_reach_the_probe() {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
