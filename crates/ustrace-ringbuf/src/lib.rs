@@ -654,54 +654,14 @@ impl RingBuffer {
     /// Records `data` as one event (reserve, copy, commit).
     #[inline]
     pub fn write(&self, data: &[u8]) -> bool {
-        self.write_with(data.len(), |r| r.copy_from_slice(data))
-    }
-
-    /// Records one event of `len` payload bytes, which `fill` writes: [`RingBuffer::reserve`],
-    /// `fill`, [`Reservation::commit`], with `false` where `reserve` gives `None`. The
-    /// owner's fast path is its own copy here, so its commit knows what the reservation
-    /// found (the thread's rseq area, its CPU) instead of asking again, and no
-    /// reservation is merged with the slow path's in memory.
-    #[inline(always)]
-    pub fn write_with(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
-        let mult = self.fast_tsc_mult.load(Ordering::Relaxed);
-        if mult != 0 && len <= MAX_PAYLOAD {
-            if let Some((index, area, cpu)) = self.owner_here() {
-                let slot = &self.slots[index];
-                // The clock early, as in `reserve_fast`.
-                let now = clock::local_tsc(mult);
-                // SAFETY: as in `reserve_fast`.
-                let region = unsafe { &*slot.current.load(Ordering::Acquire) };
-                if let Some(raw) = region.reserve_fast(len, now, area, cpu) {
-                    // A `Reservation`, so that a `fill` that panics discards it.
-                    let mut r = Reservation {
-                        buf: self,
-                        region,
-                        raw,
-                        len,
-                    };
-                    fill(&mut r);
-                    let r = std::mem::ManuallyDrop::new(r);
-                    region.commit_owner(&r.raw, area, cpu);
-                    self.after_commit();
-                    return true;
-                }
+        match self.reserve(data.len()) {
+            Some(mut r) => {
+                r.copy_from_slice(data);
+                r.commit();
+                true
             }
+            None => false,
         }
-        // Here rather than in a function of its own, which would take `fill` (and what it
-        // holds) by address, stored before the fast path is even tried.
-        let Some((region, raw)) = self.reserve_slow(len) else {
-            return false;
-        };
-        let mut r = Reservation {
-            buf: self,
-            region,
-            raw,
-            len,
-        };
-        fill(&mut r);
-        r.commit();
-        true
     }
 
     #[inline]

@@ -1270,24 +1270,6 @@ impl Region {
         self.commit_bytes(r.word, r.commit_add(), r.area);
     }
 
-    /// [`Region::commit`] of a reservation `reserve_fast` made, given the
-    /// rseq `area` and the `cpu` it was made with (the area is never null
-    /// there, and the CPU is this region's: the owner reserves in the
-    /// region of its CPU's slot), so that neither is loaded again.
-    #[inline(always)]
-    pub(crate) fn commit_owner(&self, r: &RawReservation, area: *mut u8, cpu: u32) {
-        debug_assert!(!area.is_null() && area == r.area);
-        debug_assert_eq!(cpu, self.cpu);
-        let add = r.commit_add();
-        // SAFETY: as in `commit_bytes`, whose owner branch this is.
-        match unsafe { rseq::add_on_cpu(area, cpu, r.word, add) } {
-            rseq::Outcome::Done => {}
-            // Moved or interrupted since the reservation: `commit_bytes` retries or
-            // adds to the remote word.
-            _ => self.commit_bytes(r.word, add, area),
-        }
-    }
-
     /// Withdraws a reservation: the bytes become a time extend (so later
     /// deltas stay right) plus padding, and count as no event. The event's
     /// time delta is read back from its header (or its time extend).

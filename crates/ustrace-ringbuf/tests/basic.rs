@@ -121,34 +121,6 @@ fn discard_and_drop_hide_events_and_keep_time() {
 }
 
 #[test]
-fn write_with_fills_exactly_the_length_and_only_what_is_recorded() {
-    let rb = buf("write_with", 8, true);
-    // Enough events to cross pages (and few enough that none is overwritten), so both
-    // the fast path and the slow one (page entries) fill and commit.
-    for i in 0..200u32 {
-        let want = ev(i, 4 + (i as usize % 90));
-        assert!(rb.write_with(want.len(), |r| {
-            assert_eq!(r.len(), want.len());
-            r.copy_from_slice(&want);
-        }));
-    }
-    assert_eq!(rb.stats(0).overrun, 0);
-    for i in 0..200u32 {
-        let want = ev(i, 4 + (i as usize % 90));
-        let e = rb.consume(0).expect("event");
-        assert_eq!(&e.data[..want.len()], &want[..]);
-        assert!(e.data[want.len()..].iter().all(|&b| b == 0));
-    }
-    rb.set_recording(false);
-    assert!(!rb.write_with(8, |_| panic!("filled while recording is off")));
-    rb.set_recording(true);
-    assert!(!rb.write_with(ustrace_ringbuf::MAX_PAYLOAD + 1, |_| panic!(
-        "filled too big"
-    )));
-    assert!(rb.consume(0).is_none());
-}
-
-#[test]
 fn recording_off_and_too_big() {
     let rb = buf("rec", 4, true);
     rb.set_recording(false);

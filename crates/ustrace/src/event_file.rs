@@ -285,10 +285,13 @@ impl EventFile {
             self.id,
             thread::current_tid(&self.shared.record_cmd),
         );
-        self.shared.buffer.write_with(len, move |record| {
-            record[..8].copy_from_slice(&header);
-            fill(record);
-        });
+        let Some(mut slot) = self.shared.buffer.reserve(len) else {
+            return;
+        };
+        let record: &mut [u8] = &mut slot;
+        record[..8].copy_from_slice(&header);
+        fill(record);
+        slot.commit();
     }
 
     #[inline(never)]
