@@ -854,6 +854,20 @@ impl Region {
         if delta > TS_MASK {
             return None;
         }
+        // Where the event goes, worked out before the sequence: two
+        // pointers live across it rather than the region, the hint and the
+        // offset, which left too few registers for the caller's values.
+        let map = self.map.ptr();
+        // SAFETY: the hint's offsets are inside the mapping: the word's is
+        // a slot's, and the page index was clamped when the hint was made
+        // (`set_page_hint`); `off + size` is within the page's data (checked
+        // above).
+        let (word, at) = unsafe {
+            (
+                map.add((place >> 32) as usize).cast::<u64>(),
+                map.add(place as u32 as usize * PAGE_SIZE + PAGE_HEADER_SIZE + off as usize),
+            )
+        };
         // SAFETY: `area` is the calling thread's rseq area (the caller read
         // `cpu` from it); the state is the 16-aligned state of our writable
         // mapping, with the foreign word after it.
@@ -863,20 +877,9 @@ impl Region {
             rseq::Outcome::Done => {}
             _ => return None,
         }
-        // SAFETY: the hint's offsets are inside the mapping: the word's is
-        // a slot's, and the page index was clamped when the hint was made
-        // (`set_page_hint`).
-        let (word, page) = unsafe {
-            (
-                self.map.ptr().add((place >> 32) as usize).cast::<u64>(),
-                self.map.ptr().add(place as u32 as usize * PAGE_SIZE),
-            )
-        };
         // SAFETY: [off, off + size) of the page's data is ours by the state
-        // store; the page lies inside the mapping.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(page.add(PAGE_HEADER_SIZE + off as usize), size as usize)
-        };
+        // store.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(at, size as usize) };
         let p = write_data_header(bytes, size as usize, delta as u32);
         if p + len < bytes.len() {
             bytes[p + len..].fill(0);

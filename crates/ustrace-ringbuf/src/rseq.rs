@@ -233,10 +233,10 @@ pub(crate) unsafe fn store_state_if(
     // exits lie outside [start, post) (see `rseq_begin`/`rseq_end`), and
     // the store at the end of the range is the only write.
     unsafe {
+        // The new state enters as one vector register, built before the sequence, so
+        // that its two words hold no general register across it.
+        let x = core::arch::x86_64::_mm_set_epi64x(new[1] as i64, new[0] as i64);
         core::arch::asm!(
-            "movq {nlo}, {x}",
-            "movq {nhi}, {y}",
-            "punpcklqdq {y}, {x}",
             rseq_begin!(),
             "cmpq $0, 16({state})",
             "jne {busy}",
@@ -251,10 +251,7 @@ pub(crate) unsafe fn store_state_if(
             state = in(reg) state,
             olo = in(reg) old[0],
             ohi = in(reg) old[1],
-            nlo = in(reg) new[0],
-            nhi = in(reg) new[1],
-            x = out(xmm_reg) _,
-            y = out(xmm_reg) _,
+            x = in(xmm_reg) x,
             tmp = out(reg) _,
             wrong_cpu = label { return Outcome::WrongCpu },
             busy = label { return Outcome::Foreign },

@@ -281,12 +281,15 @@ impl EventFile {
     /// Reserves in the buffer, writes header and fields, commits: the unfiltered path.
     #[inline(always)]
     fn record_direct(&self, len: usize, fill: impl FnOnce(&mut [u8])) {
-        let pid = thread::current_tid(&self.shared.record_cmd);
+        let header = crate::event::field::common_header(
+            self.id,
+            thread::current_tid(&self.shared.record_cmd),
+        );
         let Some(mut slot) = self.shared.buffer.reserve(len) else {
             return;
         };
         let record: &mut [u8] = &mut slot;
-        self.write_header(record, pid);
+        record[..8].copy_from_slice(&header);
         fill(record);
         slot.commit();
     }

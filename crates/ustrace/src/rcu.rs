@@ -171,7 +171,11 @@ pub struct ReadGuard {
 /// Enters a read-side section. No lock, no allocation, no syscall (after a thread's first).
 #[inline(always)]
 pub fn read_lock() -> ReadGuard {
-    let slot = slot();
+    enter(slot())
+}
+
+#[inline(always)]
+fn enter(slot: &'static Slot) -> ReadGuard {
     // Only this thread writes its `ctr`. A signal handler that enters a section between the
     // load and the store leaves `ctr` at 0 again before this code resumes.
     let outer = slot.ctr.load(Ordering::Relaxed) == 0;

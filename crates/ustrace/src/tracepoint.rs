@@ -272,6 +272,34 @@ impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
         }
     }
 
+    /// As [`Tracepoint::for_each_probe`], for the tracepoint macro: `one` calls the only
+    /// probe, `many` every probe of a longer list. Two closures, so that each can capture the
+    /// arguments by value: the one-probe call keeps them in registers, where a single closure
+    /// shared with the loop would need them stored in memory on every call.
+    ///
+    /// (A thread's first call, which registers its read-side slot, stays in this frame: a
+    /// path of its own would add a frame to that one call's stack, and stack keys skip a
+    /// fixed count of record-path frames measured once.)
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn call_probes(&self, one: impl FnOnce(&P), many: impl FnOnce(ProbeList<'_, P>)) {
+        let _section = rcu::read_lock();
+        let array = self.probes.load(Ordering::Acquire);
+        if array.is_null() {
+            return;
+        }
+        // SAFETY: as in `for_each_probe`.
+        let probes = unsafe { &*array };
+        match probes.calls[..] {
+            // SAFETY: `_owners` in the same array keeps every closure alive.
+            [only] => one(unsafe { &*only }),
+            ref calls => many(ProbeList {
+                calls,
+                _section: std::marker::PhantomData,
+            }),
+        }
+    }
+
     /// Attaches `probe`; higher `prio` runs first, equal priorities in registration order.
     /// The probe may be running on other threads before this returns.
     pub fn register(&self, probe: Arc<P>, prio: i32) -> ProbeId {
@@ -424,6 +452,22 @@ fn call_each<P: ?Sized>(calls: &[*const P], mut call: impl FnMut(&P)) {
     }
 }
 
+/// The probes [`Tracepoint::call_probes`] found, valid inside its read-side section only
+/// (the borrow keeps them there).
+#[doc(hidden)]
+pub struct ProbeList<'a, P: ?Sized> {
+    calls: &'a [*const P],
+    /// Not `Send`: the section belongs to the calling thread.
+    _section: std::marker::PhantomData<*const ()>,
+}
+
+impl<P: ?Sized> ProbeList<'_, P> {
+    /// Calls `call` with every probe, in priority order.
+    pub fn for_each(self, call: impl FnMut(&P)) {
+        call_each(self.calls, call);
+    }
+}
+
 /// Reclaims what a tracepoint retired, for [`synchronize_unregister`].
 pub trait Reap: Sync {
     /// Frees probe arrays that no reader can still see.
@@ -565,9 +609,22 @@ macro_rules! __tracepoint_items {
         #[inline(never)]
         #[cold]
         fn __call_probes($($arg: $ty),*) {
-            // `move`: the closure holds the arguments, not their addresses, so they need no
-            // home in memory on the one-probe path.
-            TRACEPOINT.for_each_probe(move |probe| probe($($arg),*));
+            // `move`: each closure holds the arguments, not their addresses, so they need no
+            // home in memory on the one-probe path; several probes take a call of their own.
+            TRACEPOINT.call_probes(
+                move |probe| probe($($arg),*),
+                move |probes| __call_each(probes, $($arg),*),
+            );
+        }
+
+        #[inline(never)]
+        #[cold]
+        #[allow(clippy::too_many_arguments)]
+        fn __call_each(
+            probes: $crate::tracepoint::ProbeList<'_, Probe>,
+            $($arg: $ty),*
+        ) {
+            probes.for_each(move |probe| probe($($arg),*));
         }
 
         /// Attaches a probe closure; higher `prio` runs first.
@@ -674,6 +731,28 @@ mod tests {
             .unwrap()
             .unregister_id(id)
             .unwrap();
+    }
+
+    crate::declare_tracepoint! {
+        fn tp_test_first_call(x: u64);
+    }
+
+    /// A thread's first call registers its read-side slot on the way; it and the later
+    /// calls reach the probe.
+    #[test]
+    fn a_threads_first_call_and_later_ones_reach_the_probe() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let id = tp_test_first_call::register(0, move |x| sink.lock().unwrap().push(x));
+        std::thread::spawn(|| {
+            assert!(!crate::rcu::in_read_section());
+            tp_test_first_call::trace(1);
+            tp_test_first_call::trace(2);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec![1, 2]);
+        tp_test_first_call::TRACEPOINT.unregister(id).unwrap();
     }
 
     #[test]

@@ -334,10 +334,18 @@ impl Layout {
 /// (user space has neither), and the thread id (`common_pid`).
 #[inline(always)]
 pub fn write_common_header(record: &mut [u8], id: u16, pid: i32) {
-    record[0..2].copy_from_slice(&id.to_ne_bytes());
-    record[2] = 0;
-    record[3] = 0;
-    record[4..8].copy_from_slice(&pid.to_ne_bytes());
+    record[..8].copy_from_slice(&common_header(id, pid));
+}
+
+/// The common header's eight bytes (see [`write_common_header`]): one value, so that a
+/// record path can make it before reserving and keep one register, not two, until it
+/// stores it.
+#[inline(always)]
+pub fn common_header(id: u16, pid: i32) -> [u8; 8] {
+    let mut header = [0u8; 8];
+    header[0..2].copy_from_slice(&id.to_ne_bytes());
+    header[4..8].copy_from_slice(&pid.to_ne_bytes());
+    header
 }
 
 /// The four fields every record starts with.
