@@ -1,34 +1,12 @@
 //! The probe-hit path (`record_size`, `run`, `save_entry`) allocates nothing:
 //! a counting global allocator watches it run programs of every kind.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::CString;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use ustrace_probe::*;
 
-struct Counting;
-
-static WATCH: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if WATCH.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: ustrace_testalloc::CountingAllocator = ustrace_testalloc::CountingAllocator;
 
 struct Ctx {
     args: [u64; 6],
@@ -119,19 +97,15 @@ fn probe_hit_path_does_not_allocate() {
         // Warm up (first fault-safe read installs its signal handler).
         let n = prog.record_size(&ctx);
         prog.run(&ctx, &mut buf[..n]);
-        WATCH.store(true, Ordering::SeqCst);
         let mut used = 0;
-        for _ in 0..100 {
-            prog.save_entry(&ctx, &mut edata);
-            let n = prog.record_size(&ctx);
-            used = prog.run(&ctx, &mut buf[..n]);
-        }
-        WATCH.store(false, Ordering::SeqCst);
+        let allocations = ustrace_testalloc::count_in_process(|| {
+            for _ in 0..100 {
+                prog.save_entry(&ctx, &mut edata);
+                let n = prog.record_size(&ctx);
+                used = prog.run(&ctx, &mut buf[..n]);
+            }
+        });
         assert!(used > 0);
-        assert_eq!(
-            ALLOCS.load(Ordering::SeqCst),
-            0,
-            "allocations while running {line}"
-        );
+        assert_eq!(allocations, 0, "allocations while running {line}");
     }
 }

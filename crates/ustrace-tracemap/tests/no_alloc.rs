@@ -2,42 +2,10 @@
 //! full map), looking up, adding, setting and taking variables, walking and clearing make no
 //! call to the allocator.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use ustrace_tracemap::{MapConfig, TracingMap};
 
-thread_local! {
-    /// Allocations made by this thread (the test harness's other threads are not counted).
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-// SAFETY: every call is forwarded unchanged to `System`; the thread-local counter is a
-// `const`-initialised `Cell` without a destructor, so touching it never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's contract for `alloc` is passed on as is.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout, as the caller guarantees.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's contract for `realloc` is passed on as is.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocs() -> u64 {
-    ALLOCS.with(|c| c.get())
-}
+static GLOBAL: ustrace_testalloc::CountingAllocator = ustrace_testalloc::CountingAllocator;
 
 #[test]
 fn update_path_does_not_allocate() {
@@ -49,37 +17,38 @@ fn update_path_does_not_allocate() {
     })
     .unwrap();
     let (hits, var1) = (map.val_at(0), map.var_at(1));
-    let before = allocs();
     let mut sum = 0u64;
-    for round in 0..3u64 {
-        for k in 0u64..100 {
-            let mut key = [0u8; 20];
-            key[..8].copy_from_slice(&k.to_ne_bytes());
-            key[16] = 0x5a;
-            // Keys 64.. find the pool full: the drop path must not allocate either.
-            if let Some(e) = map.insert(&key) {
-                e.add(0, 1);
-                e.add(1, k);
-                e.set_val(2, k);
-                e.update_max(2, round);
-                e.set_var(0, k);
-                sum += e.take_var(0).unwrap_or(0) + e.var(1).unwrap_or(0) + e.val(1);
-                e.add_at(hits, 1);
-                e.set_var_at(var1, k);
-                sum += e.var_at(var1).unwrap_or(0) + e.take_var_at(var1).unwrap_or(0);
+    // This thread's allocations only: the test harness's other threads are not counted.
+    let allocations = ustrace_testalloc::count_on_this_thread(|| {
+        for round in 0..3u64 {
+            for k in 0u64..100 {
+                let mut key = [0u8; 20];
+                key[..8].copy_from_slice(&k.to_ne_bytes());
+                key[16] = 0x5a;
+                // Keys 64.. find the pool full: the drop path must not allocate either.
+                if let Some(e) = map.insert(&key) {
+                    e.add(0, 1);
+                    e.add(1, k);
+                    e.set_val(2, k);
+                    e.update_max(2, round);
+                    e.set_var(0, k);
+                    sum += e.take_var(0).unwrap_or(0) + e.var(1).unwrap_or(0) + e.val(1);
+                    e.add_at(hits, 1);
+                    e.set_var_at(var1, k);
+                    sum += e.var_at(var1).unwrap_or(0) + e.take_var_at(var1).unwrap_or(0);
+                }
+                if let Some(e) = map.lookup(&key) {
+                    sum += e.val(0) + e.val(2);
+                }
             }
-            if let Some(e) = map.lookup(&key) {
-                sum += e.val(0) + e.val(2);
+            map.for_each(|e| sum += e.val(0));
+            sum += map.len() as u64 + map.drops();
+            if round == 1 {
+                map.clear();
             }
         }
-        map.for_each(|e| sum += e.val(0));
-        sum += map.len() as u64 + map.drops();
-        if round == 1 {
-            map.clear();
-        }
-    }
-    let after = allocs();
+    });
     assert!(sum > 0);
     assert_eq!(map.len(), 64);
-    assert_eq!(after - before, 0, "allocations on the update path");
+    assert_eq!(allocations, 0, "allocations on the update path");
 }

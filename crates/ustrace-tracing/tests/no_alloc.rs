@@ -2,35 +2,12 @@
 //! integers, not for `&str` or `Debug` values (formatted straight into the record), not with
 //! a filter; span enter/exit neither.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use ustrace::{FileSystem, OpenFlags};
 
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: ustrace_testalloc::CountingAllocator = ustrace_testalloc::CountingAllocator;
 
 fn set(path: &str, text: &str) {
     let mut f = ustrace::tracefs().open(path, OpenFlags::TRUNCATE).unwrap();
@@ -39,13 +16,11 @@ fn set(path: &str, text: &str) {
 
 fn count(mut body: impl FnMut()) -> usize {
     body(); // first call per thread: thread id, name, RCU slot
-    ALLOCS.store(0, Ordering::Relaxed);
-    COUNTING.store(true, Ordering::Relaxed);
-    for _ in 0..10_000 {
-        body();
-    }
-    COUNTING.store(false, Ordering::Relaxed);
-    ALLOCS.load(Ordering::Relaxed)
+    ustrace_testalloc::count_in_process(|| {
+        for _ in 0..10_000 {
+            body();
+        }
+    })
 }
 
 fn event(i: u64) {

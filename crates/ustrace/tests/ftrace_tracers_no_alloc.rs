@@ -3,33 +3,10 @@
 //! the handlers' straight line and on the paths a pid list, a graph set or `tracing_thresh`
 //! send them to.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
 use ustrace::FileSystem;
 
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: ustrace_testalloc::CountingAllocator = ustrace_testalloc::CountingAllocator;
 
 #[inline(never)]
 #[no_mangle]
@@ -47,16 +24,12 @@ fn traced_calls(dir: &str) -> (usize, u64) {
         .expect("instance");
     ftrace_noalloc_work(0);
     let before = inst.buffer().written();
-    ALLOCS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
-    for i in 0..CALLS {
-        ftrace_noalloc_work(i);
-    }
-    COUNTING.store(false, Ordering::SeqCst);
-    (
-        ALLOCS.load(Ordering::SeqCst),
-        inst.buffer().written() - before,
-    )
+    let allocations = ustrace_testalloc::count_in_process(|| {
+        for i in 0..CALLS {
+            ftrace_noalloc_work(i);
+        }
+    });
+    (allocations, inst.buffer().written() - before)
 }
 
 #[test]

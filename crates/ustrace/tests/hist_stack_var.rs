@@ -5,33 +5,11 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
 use ustrace::{Errno, FileSystem};
 
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
+/// Counting is per thread: this binary's other test allocates meanwhile.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: ustrace_testalloc::CountingAllocator = ustrace_testalloc::CountingAllocator;
 
 #[path = "common/sched_switch.rs"]
 mod sched_events;
@@ -164,13 +142,11 @@ fn a_stack_fits_a_stack_field_and_nothing_else() {
 
 fn count(mut body: impl FnMut()) -> usize {
     body(); // first call per thread: thread id, name, RCU slot, the frames to skip
-    ALLOCS.store(0, Ordering::Relaxed);
-    COUNTING.store(true, Ordering::Relaxed);
-    for _ in 0..10_000 {
-        body();
-    }
-    COUNTING.store(false, Ordering::Relaxed);
-    ALLOCS.load(Ordering::Relaxed)
+    ustrace_testalloc::count_on_this_thread(|| {
+        for _ in 0..10_000 {
+            body();
+        }
+    })
 }
 
 #[test]

@@ -6,37 +6,12 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use ustrace::{Errno, FileSystem};
 
-struct Counting;
-
-thread_local! {
-    /// Counting is per thread: the other tests' threads allocate while they wait their turn.
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
+/// Counting is per thread (`count_on_this_thread`): the other tests' threads allocate while
+/// they wait their turn.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: ustrace_testalloc::CountingAllocator = ustrace_testalloc::CountingAllocator;
 
 // A request/response pair keyed by `id`, as the inter-event tests' `tnet`.
 ustrace::trace_event! {
@@ -355,13 +330,12 @@ fn saving_and_passing_task_names_allocates_nothing() {
         respond::trace(id, 2, 200);
     };
     pair(); // the thread's first event: its id and name are cached
-    ALLOCS.store(0, Ordering::Relaxed);
-    COUNTING.with(|c| c.set(true));
-    for _ in 0..10_000 {
-        pair();
-    }
-    COUNTING.with(|c| c.set(false));
-    assert_eq!(ALLOCS.load(Ordering::Relaxed), 0);
+    let allocations = ustrace_testalloc::count_on_this_thread(|| {
+        for _ in 0..10_000 {
+            pair();
+        }
+    });
+    assert_eq!(allocations, 0);
     let names = synth_lines(i, "hv_names");
     let comm = std::thread::current()
         .name()
