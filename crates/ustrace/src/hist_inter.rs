@@ -549,6 +549,21 @@ fn trace_action(
             // name of the thread that hit this event, typed as the hist field is.
             let size = ustrace_filter::hist::STR_MAX;
             ("char[]".to_string(), size, false, false, Param::Comm)
+        } else if t.is(system, event) && var == "common_timestamp" {
+            // Likewise the time of this event, typed and scaled as the trigger's own
+            // `common_timestamp` (`.usecs` anywhere in the trigger makes it microseconds).
+            let usecs = data.attrs.ts_in_usecs;
+            (
+                "u64".to_string(),
+                8,
+                false,
+                false,
+                Param::Timestamp { usecs },
+            )
+        } else if t.is(system, event) && matches!(var, "common_cpu" | "cpu" | "CPU") {
+            // And the CPU this event ran on (`cpu` when the event has no field of that name,
+            // which `target_field` would have found above).
+            ("unsigned int".to_string(), 4, false, false, Param::Cpu)
         } else {
             if system.is_none() {
                 if let Some((s, e)) = matching {

@@ -201,6 +201,91 @@ fn a_common_comm_parameter_is_the_target_events_thread() {
     );
 }
 
+/// Runs `f` on a new thread bound to `cpu`, and waits for it.
+fn on_cpu(cpu: usize, f: impl FnOnce() + Send + 'static) {
+    std::thread::spawn(move || {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within it
+        // (`cpu` < CPU_SETSIZE, as `allowed_cpus` yields); pid 0 is this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
+        }
+        f();
+    })
+    .join()
+    .unwrap();
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, which sched_getaffinity fills; pid 0
+    // is this thread; CPU_ISSET reads within the set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+// Unqualified `common_timestamp` and `common_cpu` parameters are the event the trigger is
+// on, as `common_comm` is: the kernel makes field variables of them on the target event.
+// Taken from the matching event instead, the answer's time would be the question's and
+// its CPU the asker's.
+#[test]
+fn common_timestamp_and_cpu_parameters_are_the_target_events() {
+    if skip_without_hist() {
+        return;
+    }
+    let mut fx = Fixture::new(&["hv-when"]);
+    let i = "hv-when";
+    fx.synth("hv_when u64 id; u64 asked; u64 answered; unsigned int cpu");
+    common::append(
+        &path(i, "events/hv/request/trigger"),
+        "hist:keys=id:t0=common_timestamp\n",
+    )
+    .unwrap();
+    common::append(
+        &path(i, "events/hv/respond/trigger"),
+        "hist:keys=id:onmatch(hv.request).trace(hv_when,id,$t0,common_timestamp,common_cpu)\n",
+    )
+    .unwrap();
+    common::write(&path(i, "events/synthetic/hv_when/enable"), "1\n").unwrap();
+    let cpus = allowed_cpus();
+    let (asker, answerer) = (cpus[0], *cpus.last().unwrap());
+    on_cpu(asker, || request::trace(5, "get", 1));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    on_cpu(answerer, || respond::trace(5, 3, 200));
+    let lines = synth_lines(i, "hv_when");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let value = |name: &str| -> u64 {
+        let at = lines[0].find(&format!(" {name}=")).expect(name) + name.len() + 2;
+        let digits: String = lines[0][at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().expect(name)
+    };
+    let (asked, answered) = (value("asked"), value("answered"));
+    // The instance's clock is `local`, in nanoseconds: 20 ms lie between the two events.
+    assert!(
+        answered >= asked + 20_000_000,
+        "asked {asked}, answered {answered}: {}",
+        lines[0]
+    );
+    assert_eq!(value("cpu"), answerer as u64, "{}", lines[0]);
+    if asker == answerer {
+        println!("skipped (in part): one CPU allowed, so the CPUs cannot differ");
+    }
+}
+
 // An alias of a string variable (`x=$o`) keeps the string: passed on, it carries the
 // text the variable it names saved, into a dynamic `char[]` field and into a `char[16]`
 // field of the variable's own size.

@@ -136,13 +136,20 @@ impl Ctx<'_> {
     /// `common_timestamp` (`.usecs` when the trigger says so).
     #[inline(always)]
     fn timestamp(&self) -> u64 {
-        let ns = ustrace_ringbuf::clock::now(self.clock);
-        // `.usecs` converts only a clock that counts nanoseconds, as the kernel's.
-        if self.usecs && self.clock.in_nanos() {
-            (ns + 500) / 1000
-        } else {
-            ns
-        }
+        timestamp(self.clock, self.usecs)
+    }
+}
+
+/// `common_timestamp` as a trigger reads it: the clock now, in microseconds when the
+/// trigger uses `.usecs` (the kernel's `ts_in_usecs`, a property of the whole trigger).
+#[inline(always)]
+pub(crate) fn timestamp(clock: ustrace_ringbuf::clock::Clock, usecs: bool) -> u64 {
+    let ns = ustrace_ringbuf::clock::now(clock);
+    // `.usecs` converts only a clock that counts nanoseconds, as the kernel's.
+    if usecs && clock.in_nanos() {
+        (ns + 500) / 1000
+    } else {
+        ns
     }
 }
 
@@ -590,7 +597,7 @@ impl Hist {
                 *slot = v;
             }
         }
-        inter.after_update(elt, key, record, &mut refs, self.own_refs_mask);
+        inter.after_update(elt, key, record, ctx.clock, &mut refs, self.own_refs_mask);
     }
 }
 

@@ -26,10 +26,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ustrace_filter::FieldClass;
+use ustrace_ringbuf::clock::Clock;
 use ustrace_tracemap::{Elt, HashedKey, VarAt};
 
 use crate::buffers::Shared;
-use crate::stage::hist::{show, Hist, STACKTRACE_DEPTH};
+use crate::stage::hist::{show, timestamp, Hist, STACKTRACE_DEPTH};
 use crate::synth::{SynthHold, SynthValue, Synthetic};
 
 /// Most variable references one trigger resolves per record (the kernel's
@@ -220,6 +221,15 @@ pub enum Param {
     Field(FieldRead),
     /// `common_comm` of the triggering event: the name of the thread that hit it.
     Comm,
+    /// `common_timestamp` of the triggering event: the clock now, in microseconds when the
+    /// trigger uses `.usecs` anywhere (the kernel's `ts_in_usecs`, a property of the
+    /// whole trigger) and the clock counts nanoseconds.
+    Timestamp {
+        /// The trigger's `ts_in_usecs`.
+        usecs: bool,
+    },
+    /// `common_cpu` of the triggering event: the CPU it ran on.
+    Cpu,
     /// A stack variable (`st=common_stacktrace`, or an alias of one such as `s=$st`): its
     /// frames in the entry with this record's key, of `hist` (`None`: this trigger's own),
     /// in [`STACKTRACE_DEPTH`] slots from `first`. As for strings, the reference itself is
@@ -408,6 +418,7 @@ impl Inter {
         elt: &Elt,
         key: HashedKey<'_>,
         record: &[u8],
+        clock: Clock,
         vals: &mut [u64],
         done: u64,
     ) {
@@ -416,7 +427,7 @@ impl Inter {
         }
         for action in &self.actions {
             match action {
-                Action::OnMatch(t) => t.fire(elt, key, record, vals),
+                Action::OnMatch(t) => t.fire(elt, key, record, clock, vals),
                 Action::Track {
                     max,
                     var_ref,
@@ -436,7 +447,7 @@ impl Inter {
                     elt.set_var(*track_var, value);
                     match then {
                         TrackThen::Save => self.save(elt, record),
-                        TrackThen::Trace(t) => t.fire(elt, key, record, vals),
+                        TrackThen::Trace(t) => t.fire(elt, key, record, clock, vals),
                         TrackThen::Snapshot(state) => {
                             if let Some(shared) = &self.shared {
                                 state.take(value, key.bytes(), shared);
@@ -555,6 +566,7 @@ impl Inter {
         elt: &Elt,
         key: HashedKey<'_>,
         record: &[u8],
+        clock: Clock,
         refs: &mut [u64],
         done: u64,
     ) {
@@ -575,7 +587,7 @@ impl Inter {
         if self.actions.is_empty() {
             return;
         }
-        self.run_actions(elt, key, record, refs, done);
+        self.run_actions(elt, key, record, clock, refs, done);
     }
 }
 
@@ -587,6 +599,7 @@ impl TraceAction {
             && params.iter().all(|p| match p {
                 Param::Ref(_) => true,
                 Param::Field(f) => !f.is_string(),
+                Param::Timestamp { .. } | Param::Cpu => true,
                 Param::RefStr { .. } | Param::RefStack { .. } | Param::Comm => false,
             });
         let strings = params
@@ -610,22 +623,22 @@ impl TraceAction {
     /// the paths it picks out of line: left to the compiler, the stack path's branch made it
     /// a call of its own, which cost the integer path ~14 instructions per action.
     #[inline(always)]
-    fn fire(&self, elt: &Elt, key: HashedKey<'_>, record: &[u8], vals: &[u64]) {
+    fn fire(&self, elt: &Elt, key: HashedKey<'_>, record: &[u8], clock: Clock, vals: &[u64]) {
         // The common case, latencies and ids: integer fields from references and integer
         // record fields, passed as plain words with no value kinds to check.
-        if self.ints && self.fire_ints(record, vals) {
+        if self.ints && self.fire_ints(record, clock, vals) {
             return;
         }
         if self.stacks {
-            return self.fire_stacks(elt, key, record, vals);
+            return self.fire_stacks(elt, key, record, clock, vals);
         }
         // Most synthetic events have a few fields and no string variable: fill only small
         // arrays for them.
         match (self.params.len() <= 8, self.strings) {
-            (true, false) => self.fire_with::<8, 0, 0>(elt, key, record, vals),
-            (true, true) => self.fire_with::<8, MAX_STR_PARAMS, 0>(elt, key, record, vals),
+            (true, false) => self.fire_with::<8, 0, 0>(elt, key, record, clock, vals),
+            (true, true) => self.fire_with::<8, MAX_STR_PARAMS, 0>(elt, key, record, clock, vals),
             (false, _) => self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }, MAX_STR_PARAMS, 0>(
-                elt, key, record, vals,
+                elt, key, record, clock, vals,
             ),
         }
     }
@@ -633,12 +646,14 @@ impl TraceAction {
     /// Generates an integers-only synthetic event when every parameter is an integer;
     /// `false` (nothing done) when one is not, for the general path to refuse as it does.
     #[inline]
-    fn fire_ints(&self, record: &[u8], vals: &[u64]) -> bool {
+    fn fire_ints(&self, record: &[u8], clock: Clock, vals: &[u64]) -> bool {
         let mut ints = [0u64; 8];
         for (slot, p) in ints.iter_mut().zip(&self.params) {
             *slot = match p {
                 Param::Ref(r) => vals.get(*r).copied().unwrap_or(0),
                 Param::Field(f) if !f.is_string() => f.int(record),
+                Param::Timestamp { usecs } => timestamp(clock, *usecs),
+                Param::Cpu => ustrace_ringbuf::cpu::current_cpu() as u64,
                 _ => return false,
             };
         }
@@ -651,12 +666,19 @@ impl TraceAction {
     /// other actions' path stays as small as it was.
     #[cold]
     #[inline(never)]
-    fn fire_stacks(&self, elt: &Elt, key: HashedKey<'_>, record: &[u8], vals: &[u64]) {
+    fn fire_stacks(
+        &self,
+        elt: &Elt,
+        key: HashedKey<'_>,
+        record: &[u8],
+        clock: Clock,
+        vals: &[u64],
+    ) {
         if self.params.len() <= 8 {
-            self.fire_with::<8, MAX_STR_PARAMS, MAX_STACK_PARAMS>(elt, key, record, vals)
+            self.fire_with::<8, MAX_STR_PARAMS, MAX_STACK_PARAMS>(elt, key, record, clock, vals)
         } else {
             self.fire_with::<{ crate::synth::SYNTH_FIELDS_MAX }, MAX_STR_PARAMS, MAX_STACK_PARAMS>(
-                elt, key, record, vals,
+                elt, key, record, clock, vals,
             )
         }
     }
@@ -668,6 +690,7 @@ impl TraceAction {
         elt: &Elt,
         key: HashedKey<'_>,
         record: &[u8],
+        clock: Clock,
         vals: &[u64],
     ) {
         // String variables are copied out of their entries first (atomic loads), so the
@@ -743,6 +766,8 @@ impl TraceAction {
                 Param::Field(f) if f.is_string() => SynthValue::Str(f.str(record)),
                 Param::Field(f) => SynthValue::U64(f.int(record)),
                 Param::Comm => SynthValue::Str(&comm[..comm_len]),
+                Param::Timestamp { usecs } => SynthValue::U64(timestamp(clock, *usecs)),
+                Param::Cpu => SynthValue::U64(ustrace_ringbuf::cpu::current_cpu() as u64),
             };
         }
         let _ = self.synth.trace(&values[..n]);
