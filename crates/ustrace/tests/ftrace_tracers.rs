@@ -86,6 +86,31 @@ fn instance(name: &str) -> String {
     format!("instances/{name}")
 }
 
+/// Builds the fixture, takes the serial lock and makes instance `name` (its path the third
+/// value); `None` after printing `skipped:` without `cc`.
+fn fixture(name: &str) -> Option<(&'static Lib, std::sync::MutexGuard<'static, ()>, String)> {
+    let Some(lib) = lib() else {
+        println!("skipped: cc could not build the fixture");
+        return None;
+    };
+    let serial = serial();
+    Some((lib, serial, instance(name)))
+}
+
+/// Writes `text` to the instance's `file`.
+fn set(dir: &str, file: &str, text: &str) {
+    ustrace::tracefs()
+        .write_file(&format!("{dir}/{file}"), text)
+        .unwrap_or_else(|e| panic!("{dir}/{file} <- {text:?}: {e:?}"));
+}
+
+/// The instance's `file`.
+fn get(dir: &str, file: &str) -> String {
+    ustrace::tracefs()
+        .read_to_string(&format!("{dir}/{file}"))
+        .unwrap_or_else(|e| panic!("{dir}/{file}: {e:?}"))
+}
+
 fn body(trace: &str) -> Vec<String> {
     trace
         .lines()
@@ -121,34 +146,21 @@ const EXPECTED_TOP: &[&str] = &[
 
 #[test]
 fn function_graph_draws_the_known_call_tree() {
-    let Some(lib) = lib() else {
-        println!("skipped: cc could not build the fixture");
+    let Some((lib, _serial, dir)) = fixture("fn_graph_tree") else {
         return;
     };
-    let _g = serial();
     let fs = ustrace::tracefs();
-    let dir = instance("fn_graph_tree");
-    fs.write_file(
-        &format!("{dir}/set_ftrace_filter"),
-        "ct_*:mod:libcalltree\n",
-    )
-    .unwrap();
+    set(&dir, "set_ftrace_filter", "ct_*:mod:libcalltree\n");
     assert_eq!(
-        fs.read_to_string(&format!("{dir}/available_tracers"))
-            .unwrap(),
+        get(&dir, "available_tracers"),
         "function_graph function nop\n"
     );
-    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
-        .unwrap();
-    assert_eq!(
-        fs.read_to_string(&format!("{dir}/current_tracer")).unwrap(),
-        "function_graph\n"
-    );
+    set(&dir, "current_tracer", "function_graph");
+    assert_eq!(get(&dir, "current_tracer"), "function_graph\n");
     let r = std::thread::spawn(move || (lib.top)(3)).join().unwrap();
     assert_eq!(r, 43);
-    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    let trace = get(&dir, "trace");
+    set(&dir, "current_tracer", "nop");
     assert!(
         trace.starts_with(
             "# tracer: function_graph\n#\n# CPU  DURATION                  FUNCTION CALLS\n\
@@ -187,23 +199,14 @@ fn graph_tracers_of_several_instances_keep_their_own_depths() {
         .map(|i| instance(&format!("fn_graph_many{i}")))
         .collect();
     for dir in &dirs {
-        fs.write_file(
-            &format!("{dir}/set_ftrace_filter"),
-            "ct_*:mod:libcalltree\n",
-        )
-        .unwrap();
-        fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
-            .unwrap();
+        set(dir, "set_ftrace_filter", "ct_*:mod:libcalltree\n");
+        set(dir, "current_tracer", "function_graph");
     }
     let r = std::thread::spawn(move || (lib.top)(3)).join().unwrap();
     assert_eq!(r, 43);
-    let traces: Vec<String> = dirs
-        .iter()
-        .map(|dir| fs.read_to_string(&format!("{dir}/trace")).unwrap())
-        .collect();
+    let traces: Vec<String> = dirs.iter().map(|dir| get(dir, "trace")).collect();
     for dir in &dirs {
-        fs.write_file(&format!("{dir}/current_tracer"), "nop")
-            .unwrap();
+        set(dir, "current_tracer", "nop");
     }
     for trace in &traces {
         assert_eq!(shape(&body(trace)), EXPECTED_TOP, "{trace}");
@@ -233,25 +236,20 @@ fn durations(lines: &[String]) -> Vec<(usize, f64, String)> {
 
 #[test]
 fn durations_nest_and_marks_follow_the_kernel_thresholds() {
-    let Some(lib) = lib() else {
-        println!("skipped: cc could not build the fixture");
+    let Some((lib, _serial, dir)) = fixture("fn_graph_durations") else {
         return;
     };
-    let _g = serial();
     let fs = ustrace::tracefs();
-    let dir = instance("fn_graph_durations");
-    fs.write_file(
-        &format!("{dir}/set_ftrace_filter"),
+    set(
+        &dir,
+        "set_ftrace_filter",
         "ct_slow ct_top ct_mid ct_leaf ct_other_leaf ct_rec\n",
-    )
-    .unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
-        .unwrap();
+    );
+    set(&dir, "current_tracer", "function_graph");
     (lib.top)(1);
     (lib.slow)(20_000);
-    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    let trace = get(&dir, "trace");
+    set(&dir, "current_tracer", "nop");
     let lines = body(&trace);
     let d = durations(&lines);
     // A parent's time covers its children's.
@@ -277,26 +275,16 @@ fn durations_nest_and_marks_follow_the_kernel_thresholds() {
 
 #[test]
 fn function_tracer_lines_name_the_caller() {
-    let Some(lib) = lib() else {
-        println!("skipped: cc could not build the fixture");
+    let Some((lib, _serial, dir)) = fixture("fn_function") else {
         return;
     };
-    let _g = serial();
     let fs = ustrace::tracefs();
-    let dir = instance("fn_function");
-    fs.write_file(
-        &format!("{dir}/set_ftrace_filter"),
-        "ct_*:mod:libcalltree\n",
-    )
-    .unwrap();
-    fs.write_file(&format!("{dir}/set_ftrace_notrace"), "ct_other_leaf\n")
-        .unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "function")
-        .unwrap();
+    set(&dir, "set_ftrace_filter", "ct_*:mod:libcalltree\n");
+    set(&dir, "set_ftrace_notrace", "ct_other_leaf\n");
+    set(&dir, "current_tracer", "function");
     (lib.top)(3);
-    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    let trace = get(&dir, "trace");
+    set(&dir, "current_tracer", "nop");
     assert!(trace.starts_with("# tracer: function\n#\n"), "{trace}");
     let funcs: Vec<&str> = body(&trace)
         .iter()
@@ -319,27 +307,19 @@ fn function_tracer_lines_name_the_caller() {
 /// (the handler learns it from the same word as its other settings).
 #[test]
 fn func_stack_trace_follows_its_option_while_the_tracer_runs() {
-    let Some(lib) = lib() else {
-        println!("skipped: cc could not build the fixture");
+    let Some((lib, _serial, dir)) = fixture("fn_stack") else {
         return;
     };
-    let _g = serial();
     let fs = ustrace::tracefs();
-    let dir = instance("fn_stack");
-    fs.write_file(&format!("{dir}/set_ftrace_filter"), "ct_mid\n")
-        .unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "function")
-        .unwrap();
+    set(&dir, "set_ftrace_filter", "ct_mid\n");
+    set(&dir, "current_tracer", "function");
     (lib.top)(1);
-    fs.write_file(&format!("{dir}/options/func_stack_trace"), "1")
-        .unwrap();
+    set(&dir, "options/func_stack_trace", "1");
     (lib.top)(1);
-    fs.write_file(&format!("{dir}/options/func_stack_trace"), "0")
-        .unwrap();
+    set(&dir, "options/func_stack_trace", "0");
     (lib.top)(1);
-    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    let trace = get(&dir, "trace");
+    set(&dir, "current_tracer", "nop");
     let lines = body(&trace);
     let calls: Vec<usize> = (0..lines.len())
         .filter(|&i| lines[i].ends_with("ct_mid <-ct_top"))
@@ -364,21 +344,13 @@ fn func_stack_trace_follows_its_option_while_the_tracer_runs() {
 
 #[test]
 fn pid_filters_select_exactly_the_threads_they_name() {
-    let Some(lib) = lib() else {
-        println!("skipped: cc could not build the fixture");
+    let Some((lib, _serial, dir)) = fixture("fn_pids") else {
         return;
     };
-    let _g = serial();
     let fs = ustrace::tracefs();
-    let dir = instance("fn_pids");
-    assert_eq!(
-        fs.read_to_string(&format!("{dir}/set_ftrace_pid")).unwrap(),
-        "no pid\n"
-    );
-    fs.write_file(&format!("{dir}/set_ftrace_filter"), "ct_rec\n")
-        .unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "function")
-        .unwrap();
+    assert_eq!(get(&dir, "set_ftrace_pid"), "no pid\n");
+    set(&dir, "set_ftrace_filter", "ct_rec\n");
+    set(&dir, "current_tracer", "function");
     let (tx, rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let worker = std::thread::spawn(move || {
@@ -390,14 +362,11 @@ fn pid_filters_select_exactly_the_threads_they_name() {
     let tid = rx.recv().unwrap();
     fs.write_file(&format!("{dir}/set_ftrace_pid"), &format!("{tid}\n"))
         .unwrap();
-    assert_eq!(
-        fs.read_to_string(&format!("{dir}/set_ftrace_pid")).unwrap(),
-        format!("{tid}\n")
-    );
+    assert_eq!(get(&dir, "set_ftrace_pid"), format!("{tid}\n"));
     (lib.rec)(2); // this thread: not listed
     go_tx.send(()).unwrap();
     worker.join().unwrap();
-    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
+    let trace = get(&dir, "trace");
     let lines = body(&trace);
     assert_eq!(lines.len(), 5, "{trace}");
     assert!(
@@ -405,17 +374,16 @@ fn pid_filters_select_exactly_the_threads_they_name() {
         "{trace}"
     );
     // The notrace list keeps a thread out.
-    fs.write_file(&format!("{dir}/set_ftrace_pid"), "").unwrap();
-    fs.write_file(&format!("{dir}/trace"), "").unwrap();
+    set(&dir, "set_ftrace_pid", "");
+    set(&dir, "trace", "");
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() };
     fs.write_file(&format!("{dir}/set_ftrace_notrace_pid"), &format!("{me}\n"))
         .unwrap();
     (lib.rec)(2);
     std::thread::spawn(move || (lib.rec)(1)).join().unwrap();
-    let lines = body(&fs.read_to_string(&format!("{dir}/trace")).unwrap());
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    let lines = body(&get(&dir, "trace"));
+    set(&dir, "current_tracer", "nop");
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines.iter().all(|l| !l.contains(&format!("-{me} "))));
     assert_eq!(
@@ -427,24 +395,16 @@ fn pid_filters_select_exactly_the_threads_they_name() {
 
 #[test]
 fn graph_function_depth_and_threshold_select_what_they_name() {
-    let Some(lib) = lib() else {
-        println!("skipped: cc could not build the fixture");
+    let Some((lib, _serial, dir)) = fixture("fn_graph_sel") else {
         return;
     };
-    let _g = serial();
     let fs = ustrace::tracefs();
-    let dir = instance("fn_graph_sel");
-    fs.write_file(
-        &format!("{dir}/set_ftrace_filter"),
-        "ct_*:mod:libcalltree\n",
-    )
-    .unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
-        .unwrap();
+    set(&dir, "set_ftrace_filter", "ct_*:mod:libcalltree\n");
+    set(&dir, "current_tracer", "function_graph");
     // set_graph_function: ct_mid and what it calls only.
     fs.write_file("set_graph_function", "ct_mid\n").unwrap();
     (lib.top)(3);
-    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
+    let trace = get(&dir, "trace");
     assert_eq!(
         shape(&body(&trace)),
         ["ct_mid() {", "  ct_leaf();", "  ct_other_leaf();", "}"],
@@ -453,9 +413,9 @@ fn graph_function_depth_and_threshold_select_what_they_name() {
     fs.write_file("set_graph_function", "").unwrap();
     // set_graph_notrace: ct_rec and its callees vanish.
     fs.write_file("set_graph_notrace", "ct_rec\n").unwrap();
-    fs.write_file(&format!("{dir}/trace"), "").unwrap();
+    set(&dir, "trace", "");
     (lib.top)(3);
-    let shown = shape(&body(&fs.read_to_string(&format!("{dir}/trace")).unwrap()));
+    let shown = shape(&body(&get(&dir, "trace")));
     assert_eq!(
         shown,
         [
@@ -471,20 +431,19 @@ fn graph_function_depth_and_threshold_select_what_they_name() {
     fs.write_file("set_graph_notrace", "").unwrap();
     // max_graph_depth 1: the outermost calls only.
     fs.write_file("max_graph_depth", "1").unwrap();
-    fs.write_file(&format!("{dir}/trace"), "").unwrap();
+    set(&dir, "trace", "");
     (lib.top)(3);
-    let shown = shape(&body(&fs.read_to_string(&format!("{dir}/trace")).unwrap()));
+    let shown = shape(&body(&get(&dir, "trace")));
     fs.write_file("max_graph_depth", "0").unwrap();
     assert_eq!(shown, ["ct_top();"]);
     // tracing_thresh: only calls longer than it, as `}` lines naming the function.
     fs.write_file("tracing_thresh", "5000").unwrap();
-    fs.write_file(&format!("{dir}/trace"), "").unwrap();
+    set(&dir, "trace", "");
     (lib.top)(3);
     (lib.slow)(10_000);
-    let lines = body(&fs.read_to_string(&format!("{dir}/trace")).unwrap());
+    let lines = body(&get(&dir, "trace"));
     fs.write_file("tracing_thresh", "0").unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    set(&dir, "current_tracer", "nop");
     assert_eq!(shape(&lines), ["} /* ct_slow */"], "{lines:?}");
     fs.rmdir(&dir).unwrap();
 }
@@ -542,17 +501,11 @@ fn graph_matches_uftrace_replay_of_the_same_program() {
     let _g = serial();
     let fs = ustrace::tracefs();
     let dir = instance("fn_uftrace");
-    fs.write_file(
-        &format!("{dir}/set_ftrace_filter"),
-        "ct_*:mod:libcalltree\n",
-    )
-    .unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
-        .unwrap();
+    set(&dir, "set_ftrace_filter", "ct_*:mod:libcalltree\n");
+    set(&dir, "current_tracer", "function_graph");
     (lib.top)(3);
-    let ours = shape(&body(&fs.read_to_string(&format!("{dir}/trace")).unwrap()));
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    let ours = shape(&body(&get(&dir, "trace")));
+    set(&dir, "current_tracer", "nop");
     fs.rmdir(&dir).unwrap();
     // uftrace closes leaves with `;` too and puts `}` alone: the same tree, the same order.
     let normalise = |v: &[String]| -> Vec<String> {
@@ -565,13 +518,10 @@ fn graph_matches_uftrace_replay_of_the_same_program() {
 
 #[test]
 fn every_function_of_the_process_can_be_traced_while_threads_run() {
-    let Some(lib) = lib() else {
-        println!("skipped: cc could not build the fixture");
+    let Some((lib, _serial, dir)) = fixture("fn_all") else {
         return;
     };
-    let _g = serial();
     let fs = ustrace::tracefs();
-    let dir = instance("fn_all");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let workers: Vec<_> = (0..3)
         .map(|i| {
@@ -597,8 +547,7 @@ fn every_function_of_the_process_can_be_traced_while_threads_run() {
         assert!(patched > 1000, "{kind}: only {patched} functions patched");
         std::thread::sleep(std::time::Duration::from_millis(200));
         (lib.top)(3);
-        fs.write_file(&format!("{dir}/current_tracer"), "nop")
-            .unwrap();
+        set(&dir, "current_tracer", "nop");
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for w in workers {
@@ -624,29 +573,20 @@ fn record_formats_are_the_running_kernels() {
 
 #[test]
 fn graph_survives_longjmp_tail_calls_and_fork() {
-    let Some(lib) = lib() else {
-        println!("skipped: cc could not build the fixture");
+    let Some((lib, _serial, dir)) = fixture("fn_graph_jumps") else {
         return;
     };
-    let _g = serial();
     let fs = ustrace::tracefs();
-    let dir = instance("fn_graph_jumps");
-    fs.write_file(
-        &format!("{dir}/set_ftrace_filter"),
-        "ct_*:mod:libcalltree\n",
-    )
-    .unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
-        .unwrap();
+    set(&dir, "set_ftrace_filter", "ct_*:mod:libcalltree\n");
+    set(&dir, "current_tracer", "function_graph");
     // longjmp out of two traced frames, then a normal call: the depth is repaired.
     assert_eq!((lib.jump)(5), 5);
     (lib.top)(3);
     // fork: the child calls traced functions and exits; the parent goes on.
     assert_eq!((lib.fork)(2), 0);
     (lib.top)(3);
-    let trace = fs.read_to_string(&format!("{dir}/trace")).unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    let trace = get(&dir, "trace");
+    set(&dir, "current_tracer", "nop");
     let shape = shape(&body(&trace));
     // Both ct_top calls after the jumps draw the same, complete tree at depth 0.
     let tops: Vec<usize> = shape
@@ -681,20 +621,12 @@ fn graph_survives_longjmp_tail_calls_and_fork() {
 
 #[test]
 fn trace_pipe_prints_the_graph_record_by_record() {
-    let Some(lib) = lib() else {
-        println!("skipped: cc could not build the fixture");
+    let Some((lib, _serial, dir)) = fixture("fn_graph_pipe") else {
         return;
     };
-    let _g = serial();
     let fs = ustrace::tracefs();
-    let dir = instance("fn_graph_pipe");
-    fs.write_file(
-        &format!("{dir}/set_ftrace_filter"),
-        "ct_mid ct_leaf ct_other_leaf\n",
-    )
-    .unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
-        .unwrap();
+    set(&dir, "set_ftrace_filter", "ct_mid ct_leaf ct_other_leaf\n");
+    set(&dir, "current_tracer", "function_graph");
     (lib.top)(3);
     let lines: Vec<String> = fs
         .read_lines(
@@ -704,8 +636,7 @@ fn trace_pipe_prints_the_graph_record_by_record() {
         .unwrap()
         .map(|l| l.unwrap())
         .collect();
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    set(&dir, "current_tracer", "nop");
     let shown: Vec<String> = lines
         .iter()
         .filter_map(|l| l.split_once('|').map(|(_, r)| r[2..].to_string()))
@@ -735,27 +666,18 @@ fn trace_pipe_prints_the_graph_record_by_record() {
 /// its `rettime` its own record's time, so durations and record times never disagree.
 #[test]
 fn graph_call_and_return_times_are_their_records_times() {
-    let Some(lib) = lib() else {
-        println!("skipped: cc could not build the fixture");
+    let Some((lib, _serial, dir)) = fixture("fn_graph_times") else {
         return;
     };
-    let _g = serial();
     let fs = ustrace::tracefs();
-    let dir = instance("fn_graph_times");
-    fs.write_file(
-        &format!("{dir}/set_ftrace_filter"),
-        "ct_*:mod:libcalltree\n",
-    )
-    .unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
-        .unwrap();
+    set(&dir, "set_ftrace_filter", "ct_*:mod:libcalltree\n");
+    set(&dir, "current_tracer", "function_graph");
     (lib.top)(3);
     let inst = ustrace::trace::tracing()
         .instance("fn_graph_times")
         .expect("instance");
     let events: Vec<_> = inst.buffer().iter().collect();
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    set(&dir, "current_tracer", "nop");
     let u64_at = |d: &[u8], at: usize| u64::from_ne_bytes(d[at..at + 8].try_into().unwrap());
     let u32_at = |d: &[u8], at: usize| u32::from_ne_bytes(d[at..at + 4].try_into().unwrap());
     let id = |d: &[u8]| u16::from_ne_bytes([d[0], d[1]]);
@@ -796,21 +718,12 @@ fn a_filter_on_functions_that_cannot_be_patched_still_switches() {
     let fs = ustrace::tracefs();
     let dir = instance("fn_nothing");
     // The tracer's own functions: selected, never patched, listed with the reason.
-    fs.write_file(
-        &format!("{dir}/set_ftrace_filter"),
-        "ustrace::ftrace::filter::*\n",
-    )
-    .unwrap();
-    fs.write_file(&format!("{dir}/current_tracer"), "function_graph")
-        .unwrap();
-    assert_eq!(
-        fs.read_to_string(&format!("{dir}/current_tracer")).unwrap(),
-        "function_graph\n"
-    );
+    set(&dir, "set_ftrace_filter", "ustrace::ftrace::filter::*\n");
+    set(&dir, "current_tracer", "function_graph");
+    assert_eq!(get(&dir, "current_tracer"), "function_graph\n");
     let inst = ustrace::trace::tracing().instance("fn_nothing").unwrap();
     assert_eq!(ustrace::ftrace::tracer::patched(&inst), 0);
     assert!(!ustrace::ftrace::tracer::refused(&inst).is_empty());
-    fs.write_file(&format!("{dir}/current_tracer"), "nop")
-        .unwrap();
+    set(&dir, "current_tracer", "nop");
     fs.rmdir(&dir).unwrap();
 }
