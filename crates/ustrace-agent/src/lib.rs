@@ -199,8 +199,12 @@ extern "C" fn after_fork_in_child() {
     }
 }
 
-/// Runs `f` with every signal blocked (threads it starts inherit the mask, so none of
-/// them ever runs the program's handlers), then puts back the program's mask and any
+/// The signals the tracer handles itself: SIGTRAP finishes a code patch another thread ran
+/// into, SIGSEGV/SIGBUS make its memory reads fault-safe. Never blocked on its threads.
+const TRACER_SIGNALS: [i32; 3] = [libc::SIGTRAP, libc::SIGSEGV, libc::SIGBUS];
+
+/// Runs `f` with every signal but [`TRACER_SIGNALS`] blocked (threads it starts inherit the
+/// mask, so none of them ever runs the program's handlers), then puts back the program's mask and any
 /// signal disposition `f` changed (the server's socket cleanup on SIGINT/SIGTERM/SIGHUP),
 /// except the tracer's chained SIGTRAP/SIGSEGV/SIGBUS handlers, without which patching
 /// code and fault-safe reads would kill the program.
@@ -216,13 +220,20 @@ fn with_program_signals_kept(f: impl FnOnce()) {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
+        // Except the tracer's own synchronous signals: a thread that runs into a code patch
+        // in progress (the setup's own thread, patching every function, runs the libc
+        // functions it patches) must take its SIGTRAP, and a blocked trap or fault is not
+        // deferred but kills the process.
+        for sig in TRACER_SIGNALS {
+            libc::sigdelset(&mut all, sig);
+        }
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         f();
         for sig in 1..NSIG {
             // The tracer's own: SIGTRAP finishes a code patch another thread ran into,
             // SIGSEGV/SIGBUS make its memory reads fault-safe. Each hands signals that are
             // not its own to the handler the program had.
-            if !valid[sig] || [libc::SIGTRAP, libc::SIGSEGV, libc::SIGBUS].contains(&(sig as i32)) {
+            if !valid[sig] || TRACER_SIGNALS.contains(&(sig as i32)) {
                 continue;
             }
             let mut now: libc::sigaction = std::mem::zeroed();
