@@ -30,18 +30,18 @@
 //!   before                         after registration
 //!   ------                         ------------------
 //!   func:  endbr64                 func:  endbr64                (kept)
-//!          push rbp       -.              jmp entry_stub  ------> entry_stub: mov r11, &Site; jmp entry_trampoline
+//!          push rbp       -.              jmp entry_stub  ------> entry_stub: push r11; mov r11, &Site; jmp entry_trampoline
 //!          mov rbp, rsp    |- 5+ bytes    <dead bytes>                 |
 //!          sub rsp, 0x20  -'                                           v
 //!          ...body...              resume: ...body...      entry_trampoline (shared, asm, CFI):
-//!          ret                            ret                 save pt_regs + xmm0-7 (16-byte aligned)
+//!          ret                            ret                 save every register (16-byte aligned)
 //!                                          |                   dispatch: lock-free walk of Site.probes,
 //!                                          |                     entry handlers, maybe hook the return:
 //!                                          |                     shadow.push{ret, sp}; [sp] = return_tramp
 //!                                          |                   restore; jmp orig_stub (or, when
 //!                                          |                     hooked, call it from just before
 //!                                          |                     return_trampoline: see below)
-//!                                          |               orig_stub: push rbp; mov rbp,rsp; sub rsp,0x20
+//!                                          |               orig_stub: pop r11; push rbp; mov rbp,rsp; sub rsp,0x20
 //!                                          |                          (relocated by iced-x86); jmp resume
 //!                                          v
 //!                                 return_trampoline (shared, asm, CFI):

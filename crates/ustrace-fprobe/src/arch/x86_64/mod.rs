@@ -131,7 +131,7 @@ pub(crate) fn patch_sites(
             Ok(text_poke::Poke {
                 addr: s.patch_at,
                 new: jmp_rel32(s.patch_at, s.entry_stub)?.to_vec(),
-                trap_resume: s.orig_stub,
+                trap_resume: s.prologue_at,
                 final_resume: s.entry_stub,
                 interior: s.interior.clone(),
                 restores: Vec::new(),
@@ -151,8 +151,8 @@ pub(crate) fn unpatch_sites(
         .map(|s| text_poke::Poke {
             addr: s.patch_at,
             new: s.original[..insn::PATCH_LEN].to_vec(),
-            trap_resume: s.orig_stub,
-            final_resume: s.orig_stub,
+            trap_resume: s.prologue_at,
+            final_resume: s.prologue_at,
             interior: Vec::new(),
             restores: s.interior.iter().map(|m| m.0).collect(),
         })

@@ -6,8 +6,8 @@
 /// At entry `sp` points at the return address (the caller's `rsp` just after its `call`), and
 /// argument N (0-based) of an integer/pointer signature is [`PtRegs::arg`]. At exit `ax` (and
 /// `dx`, `xmm0`/`xmm1`) hold the return value, `ip` is the return address and `sp` the slot it
-/// was read from; there only those, `bx`, `bp` and `r12`-`r15` are meaningful (the
-/// argument registers are dead at a return and are not captured).
+/// was read from; every register holds what the function returned with (`orig_ax`, `cs`,
+/// `flags` and `ss` are not captured there).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PtRegs {

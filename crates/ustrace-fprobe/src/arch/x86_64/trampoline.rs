@@ -5,9 +5,10 @@
 //!  ------                  ---------------             ----------------------       ------------------------
 //!  call func ───────────►  func: [endbr64]
 //!                          patch_at: jmp entry_stub ──► entry_stub:
+//!                                                        push r11
 //!                                                        mov r11, &Site
 //!                                                        jmp (rel32 or [abs]) ──────► entry_trampoline:
-//!                                                                                      sub rsp, 296; save PtRegs+xmm0-7
+//!                                                                                      sub rsp, 432; save PtRegs+xmm0-15
 //!                                                                                      call dispatch_entry(r11, regs)
 //!                                                                                        - entry handlers
 //!                                                                                        - maybe: shadow push {ret, sp},
@@ -17,6 +18,7 @@
 //!                                                                                        call_hooked: call [r11->orig_stub],
 //!                                                                                        which pushes return_trampoline)
 //!                                                       orig_stub:  ◄──────────────────┘
+//!                                                        pop r11
 //!                                                        relocated prologue
 //!                          resume: ... body ... ◄────── jmp [abs resume]
 //!                          ret ─────────────────────────────────────────────────────► return_trampoline:
@@ -27,11 +29,18 @@
 //!  caller resumes ◄──────────────────────────────────────────────────────────────────── restore; ret
 //! ```
 //!
-//! `r11` carries the site because it is a scratch register that no x86_64 SysV function expects
-//! to hold a value at entry. The trampolines keep the stack 16-byte aligned for the Rust
-//! dispatcher and save `xmm0`-`xmm7` (float arguments / return values). Both carry CFI, so a
-//! backtrace taken in a handler walks through them to the real caller. Flags are not preserved
-//! across the entry trampoline (they carry no value at a function boundary).
+//! No register may change across a probed call that the function itself leaves alone, not
+//! even the ABI's call-clobbered ones: GCC's interprocedural register allocation (`-fipa-ra`,
+//! on at -O2 unless -pg is given) lets a caller keep values in them across a call to a
+//! function it knows does not touch them. So `r11`, which carries the site, is pushed by the
+//! entry stub and popped by the first instruction of the original code; both trampolines
+//! save and restore every general-purpose register and `xmm0`-`xmm15`, and keep the stack
+//! 16-byte aligned for the Rust dispatcher. Both carry CFI, so a backtrace taken in a handler
+//! walks through them to the real caller. Flags are not preserved (no compiler keeps a value
+//! in them across a call). The upper halves of the `ymm`/`zmm` registers are not saved: the
+//! handlers' Rust code uses only SSE, though the C library's string functions it may call
+//! clear them (`vzeroupper`); a program built for AVX that keeps a 256-bit value live across a
+//! call to a probed function would lose its upper half.
 //!
 //! Stub memory is mapped read-execute and filled through `/proc/self/mem` (as patched text
 //! is): no W+X mapping, and no `mprotect` flips that could race with a thread running an older
@@ -44,7 +53,73 @@ use std::sync::Mutex;
 
 use super::regs::PT_REGS_SIZE;
 
+/// The entry trampoline's frame: the handlers' [`PtRegs`](super::regs::PtRegs), then
+/// `xmm8`-`xmm15`, then the site's address (kept across the dispatcher's call, which may use
+/// r11); above it the caller's `r11` (pushed by the entry stub) and the return address.
+const ENTRY_FRAME: usize = 432;
+/// The return trampoline's frame below the slot for the real return address: the PtRegs,
+/// then `xmm8`-`xmm15`.
+const EXIT_FRAME: usize = 424;
+const _: () = assert!(PT_REGS_SIZE == 296);
+const _: () = assert!(ENTRY_FRAME == PT_REGS_SIZE + 8 * 16 + 8 && ENTRY_FRAME.is_multiple_of(16));
+const _: () = assert!(EXIT_FRAME == PT_REGS_SIZE + 8 * 16 && (EXIT_FRAME + 8).is_multiple_of(16));
+
+// Every register is kept, not only the ABI's callee-saved ones and the arguments: GCC's
+// interprocedural register allocation (`-fipa-ra`, on at -O2 unless -pg is given) lets a
+// caller keep values in call-clobbered registers across a call to a function it knows does
+// not touch them (glibc's ld.so keeps a pointer in r11 across its calls to dfs_traversal),
+// so neither path may change a register the probed function itself would not.
 macro_rules! save_regs {
+    () => {
+        concat!(
+            "mov [rsp + 0*8], r15\n",
+            "mov [rsp + 1*8], r14\n",
+            "mov [rsp + 2*8], r13\n",
+            "mov [rsp + 3*8], r12\n",
+            "mov [rsp + 4*8], rbp\n",
+            "mov [rsp + 5*8], rbx\n",
+            "mov [rsp + 7*8], r10\n",
+            "mov [rsp + 8*8], r9\n",
+            "mov [rsp + 9*8], r8\n",
+            "mov [rsp + 10*8], rax\n",
+            "mov [rsp + 11*8], rcx\n",
+            "mov [rsp + 12*8], rdx\n",
+            "mov [rsp + 13*8], rsi\n",
+            "mov [rsp + 14*8], rdi\n",
+            // The caller's r11, which the entry stub pushed before it took r11 for the site.
+            "mov rax, [rsp + 432]\n",
+            "mov [rsp + 6*8], rax\n",
+            "mov qword ptr [rsp + 15*8], -1\n",
+            "movups [rsp + 296 + 0*16], xmm8\n",
+            "movups [rsp + 296 + 1*16], xmm9\n",
+            "movups [rsp + 296 + 2*16], xmm10\n",
+            "movups [rsp + 296 + 3*16], xmm11\n",
+            "movups [rsp + 296 + 4*16], xmm12\n",
+            "movups [rsp + 296 + 5*16], xmm13\n",
+            "movups [rsp + 296 + 6*16], xmm14\n",
+            "movups [rsp + 296 + 7*16], xmm15\n",
+            // cs and flags (0, 0) in one 16-byte store, then sp and ss (0) in another; xmm8
+            // and xmm9 are saved above and put back with the rest.
+            "xorps xmm8, xmm8\n",
+            "movups [rsp + 17*8], xmm8\n",
+            "lea rax, [rsp + 440]\n",
+            "movq xmm9, rax\n",
+            "movups [rsp + 19*8], xmm9\n",
+            "movups [rsp + 168 + 0*16], xmm0\n",
+            "movups [rsp + 168 + 1*16], xmm1\n",
+            "movups [rsp + 168 + 2*16], xmm2\n",
+            "movups [rsp + 168 + 3*16], xmm3\n",
+            "movups [rsp + 168 + 4*16], xmm4\n",
+            "movups [rsp + 168 + 5*16], xmm5\n",
+            "movups [rsp + 168 + 6*16], xmm6\n",
+            "movups [rsp + 168 + 7*16], xmm7\n",
+        )
+    };
+}
+
+// At a return every register but the callee-saved ones (which the Rust dispatcher keeps) may
+// still be live in the caller: all are saved, the PtRegs fields included.
+macro_rules! save_return_state {
     () => {
         concat!(
             "mov [rsp + 0*8], r15\n",
@@ -62,15 +137,8 @@ macro_rules! save_regs {
             "mov [rsp + 12*8], rdx\n",
             "mov [rsp + 13*8], rsi\n",
             "mov [rsp + 14*8], rdi\n",
-            "mov qword ptr [rsp + 15*8], -1\n",
-            // cs and flags (0, 0) in one 16-byte store, then sp and ss (0) in another:
-            // xmm8/xmm9 carry nothing at a function's entry (SysV passes arguments in
-            // xmm0-7 only), and the stores are what this path is bound by.
-            "xorps xmm8, xmm8\n",
-            "movups [rsp + 17*8], xmm8\n",
-            "lea rax, [rsp + 296]\n",
-            "movq xmm9, rax\n",
-            "movups [rsp + 19*8], xmm9\n",
+            "lea rax, [rsp + 424]\n",
+            "mov [rsp + 19*8], rax\n",
             "movups [rsp + 168 + 0*16], xmm0\n",
             "movups [rsp + 168 + 1*16], xmm1\n",
             "movups [rsp + 168 + 2*16], xmm2\n",
@@ -79,34 +147,23 @@ macro_rules! save_regs {
             "movups [rsp + 168 + 5*16], xmm5\n",
             "movups [rsp + 168 + 6*16], xmm6\n",
             "movups [rsp + 168 + 7*16], xmm7\n",
+            "movups [rsp + 296 + 0*16], xmm8\n",
+            "movups [rsp + 296 + 1*16], xmm9\n",
+            "movups [rsp + 296 + 2*16], xmm10\n",
+            "movups [rsp + 296 + 3*16], xmm11\n",
+            "movups [rsp + 296 + 4*16], xmm12\n",
+            "movups [rsp + 296 + 5*16], xmm13\n",
+            "movups [rsp + 296 + 6*16], xmm14\n",
+            "movups [rsp + 296 + 7*16], xmm15\n",
         )
     };
 }
 
-// At a return only the return values, the callee-saved registers and the stack pointer mean
-// anything; the other PtRegs fields are left unspecified (not stored, to keep the exit cheap).
-macro_rules! save_return_state {
-    () => {
-        concat!(
-            "mov [rsp + 0*8], r15\n",
-            "mov [rsp + 1*8], r14\n",
-            "mov [rsp + 2*8], r13\n",
-            "mov [rsp + 3*8], r12\n",
-            "mov [rsp + 4*8], rbp\n",
-            "mov [rsp + 5*8], rbx\n",
-            "mov [rsp + 10*8], rax\n",
-            "mov [rsp + 12*8], rdx\n",
-            "lea rax, [rsp + 296]\n",
-            "mov [rsp + 19*8], rax\n",
-            "movups [rsp + 168 + 0*16], xmm0\n",
-            "movups [rsp + 168 + 1*16], xmm1\n",
-        )
-    };
-}
-
-// Handlers get `&PtRegs`, so nothing in the frame changes; callee-saved registers (rbx, rbp,
-// r12-r15) come back intact from the Rust dispatcher and need no reload.
-macro_rules! restore_args {
+// The call-clobbered registers as saved. Handlers get `&PtRegs`, so nothing in the frame
+// changes; callee-saved registers (rbx, rbp, r12-r15) come back intact from the Rust
+// dispatcher and need no reload. r11 is not here: at entry it still holds the site (the
+// stub's own code pops the caller's), at a return it is reloaded last.
+macro_rules! restore_scratch {
     () => {
         concat!(
             "movups xmm0, [rsp + 168 + 0*16]\n",
@@ -117,7 +174,14 @@ macro_rules! restore_args {
             "movups xmm5, [rsp + 168 + 5*16]\n",
             "movups xmm6, [rsp + 168 + 6*16]\n",
             "movups xmm7, [rsp + 168 + 7*16]\n",
-            "mov r11, [rsp + 6*8]\n",
+            "movups xmm8, [rsp + 296 + 0*16]\n",
+            "movups xmm9, [rsp + 296 + 1*16]\n",
+            "movups xmm10, [rsp + 296 + 2*16]\n",
+            "movups xmm11, [rsp + 296 + 3*16]\n",
+            "movups xmm12, [rsp + 296 + 4*16]\n",
+            "movups xmm13, [rsp + 296 + 5*16]\n",
+            "movups xmm14, [rsp + 296 + 6*16]\n",
+            "movups xmm15, [rsp + 296 + 7*16]\n",
             "mov r10, [rsp + 7*8]\n",
             "mov r9, [rsp + 8*8]\n",
             "mov r8, [rsp + 9*8]\n",
@@ -130,20 +194,6 @@ macro_rules! restore_args {
     };
 }
 
-// At a return only the return-value registers carry anything the caller may read.
-macro_rules! restore_return_values {
-    () => {
-        concat!(
-            "movups xmm0, [rsp + 168 + 0*16]\n",
-            "movups xmm1, [rsp + 168 + 1*16]\n",
-            "mov rax, [rsp + 10*8]\n",
-            "mov rdx, [rsp + 12*8]\n",
-        )
-    };
-}
-
-const _: () = assert!(PT_REGS_SIZE == 296);
-
 std::arch::global_asm!(
     ".pushsection .text.ustrace_fprobe_trampolines,\"ax\",@progbits",
     ".balign 16",
@@ -152,12 +202,18 @@ std::arch::global_asm!(
     ".type ustrace_fprobe_entry_trampoline,@function",
     "ustrace_fprobe_entry_trampoline:",
     ".cfi_startproc",
-    "sub rsp, 296",
-    ".cfi_adjust_cfa_offset 296",
+    // The entry stub pushed the caller's r11 above the return address.
+    ".cfi_def_cfa_offset 16",
+    ".cfi_offset r11, -16",
+    "sub rsp, 432",
+    ".cfi_adjust_cfa_offset 432",
     save_regs!(),
+    // The site, kept across the call in the frame's spare slot.
+    "mov [rsp + 424], r11",
     "mov rdi, r11",
     "mov rsi, rsp",
     "call {entry}",
+    "mov r11, [rsp + 424]",
     // Did the dispatcher hook this call's return (the slot now holds return_trampoline)?
     // Asked of it rather than of the slot: a function tail-called from a hooked one finds
     // the trampoline there already, and must jump, so that the caller's hooked return
@@ -165,19 +221,31 @@ std::arch::global_asm!(
     "test al, al",
     ".cfi_remember_state",
     "jnz 2f",
-    restore_args!(),
-    "add rsp, 296",
-    ".cfi_adjust_cfa_offset -296",
+    restore_scratch!(),
+    "add rsp, 432",
+    ".cfi_adjust_cfa_offset -432",
+    // To the site's original code, which starts by popping the caller's r11.
     "jmp qword ptr [r11]",
     "2:",
     ".cfi_restore_state",
-    restore_args!(),
     // Drop the hooked slot and push the same value back with a `call` from just before
     // return_trampoline: memory ends up as the dispatcher left it, and the return-stack buffer
     // now predicts the probed function's `ret` into return_trampoline, whose own `ret` then
     // pairs with the caller's `call` (an entry trampoline that jumped would leave both
-    // returns mispredicted). The real return address is only in the shadow stack here.
-    "add rsp, 304",
+    // returns mispredicted). The real return address is only in the shadow stack here. The
+    // call's target (the original code past its `pop r11`) goes into the slot, which is
+    // just below the stack pointer (in the red zone, which no signal frame overwrites) when
+    // the call reads it.
+    "mov rax, [r11]",
+    "add rax, 2",
+    "mov [rsp + 440], rax",
+    restore_scratch!(),
+    "add rsp, 432",
+    ".cfi_adjust_cfa_offset -432",
+    "pop r11",
+    ".cfi_adjust_cfa_offset -8",
+    ".cfi_same_value r11",
+    "add rsp, 8",
     ".cfi_def_cfa_offset 0",
     ".cfi_undefined rip",
     "jmp ustrace_fprobe_call_hooked",
@@ -191,7 +259,7 @@ std::arch::global_asm!(
     ".cfi_startproc",
     ".cfi_def_cfa rsp, 0",
     ".cfi_undefined rip",
-    "call qword ptr [r11]",
+    "call qword ptr [rsp - 8]",
     ".cfi_endproc",
     ".globl ustrace_fprobe_return_trampoline",
     ".hidden ustrace_fprobe_return_trampoline",
@@ -203,14 +271,15 @@ std::arch::global_asm!(
     "sub rsp, 8",
     ".cfi_def_cfa_offset 8",
     ".cfi_offset rip, -8",
-    "sub rsp, 296",
-    ".cfi_adjust_cfa_offset 296",
+    "sub rsp, 424",
+    ".cfi_adjust_cfa_offset 424",
     save_return_state!(),
     "mov rdi, rsp",
     "call {exit}",
-    restore_return_values!(),
-    "add rsp, 296",
-    ".cfi_adjust_cfa_offset -296",
+    restore_scratch!(),
+    "mov r11, [rsp + 6*8]",
+    "add rsp, 424",
+    ".cfi_adjust_cfa_offset -424",
     // The probed function's `ret` consumed the return-stack-buffer entry of the entry
     // trampoline's `call`; the caller's is next, and this `ret` uses it.
     "ret",
@@ -352,13 +421,21 @@ pub(crate) fn alloc_code_near(target: usize, len: usize) -> Result<usize, String
 /// Code generated for one site.
 pub(crate) struct SiteCode {
     pub entry_stub: usize,
+    /// Where the entry trampoline continues: `pop r11` (the caller's, pushed by the entry
+    /// stub), then the relocated prologue.
     pub orig_stub: usize,
+    /// The relocated prologue itself, where a thread that did not come through the entry
+    /// stub (one that met the int3 of a patch in progress) resumes.
+    pub prologue_at: usize,
     pub patch_at: usize,
     pub original: Vec<u8>,
     pub interior: Vec<(usize, usize)>,
 }
 
 const ENTRY_STUB_LEN: usize = 32;
+const PUSH_R11: [u8; 2] = [0x41, 0x53];
+/// Two bytes long: the entry trampoline's hooked path calls `orig_stub + 2`.
+const POP_R11: [u8; 2] = [0x41, 0x5b];
 
 /// Writes the analysed function's entry stub (bound to `site`) and relocated
 /// prologue into fresh stub memory (queued for [`flush_code`]). Nothing is patched yet.
@@ -369,8 +446,10 @@ pub(crate) fn build_site(prologue: super::insn::Prologue, site: usize) -> Result
     )?;
     let entry_stub = mem;
     let orig_stub = mem + ENTRY_STUB_LEN;
-    let (relocated, interior) = super::insn::relocate(&prologue, orig_stub)?;
+    let prologue_at = orig_stub + POP_R11.len();
+    let (relocated, interior) = super::insn::relocate(&prologue, prologue_at)?;
     let mut stub = Vec::with_capacity(ENTRY_STUB_LEN);
+    stub.extend_from_slice(&PUSH_R11);
     stub.extend_from_slice(&[0x49, 0xbb]); // mov r11, imm64
     stub.extend_from_slice(&(site as u64).to_le_bytes());
     // A direct jump when the trampoline is within reach (stubs lie near their function, so
@@ -387,10 +466,13 @@ pub(crate) fn build_site(prologue: super::insn::Prologue, site: usize) -> Result
     // Both ranges were just carved out of a chunk and nothing executes them until a later
     // patch publishes them (the patch writes them first and serialises every core).
     queue_code(entry_stub, &stub);
-    queue_code(orig_stub, &relocated);
+    let mut orig = POP_R11.to_vec();
+    orig.extend_from_slice(&relocated);
+    queue_code(orig_stub, &orig);
     Ok(SiteCode {
         entry_stub,
         orig_stub,
+        prologue_at,
         patch_at: prologue.patch_at,
         original: prologue.original,
         interior,
