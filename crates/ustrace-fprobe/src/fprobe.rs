@@ -188,9 +188,21 @@ fn notrace_ends() -> &'static [(&'static str, &'static str)] {
     })
 }
 
+const ENTRY_POINT: &str = "a program's entry point: the loader jumps to it with no return \
+     address (and the stack aligned as no call leaves it), so its entry cannot be probed (notrace: _start)";
+
+/// The address the loader jumped to to start this program (`AT_ENTRY`; 0 when unknown).
+fn program_entry() -> usize {
+    // SAFETY: getauxval only reads the auxiliary vector the kernel gave the process.
+    unsafe { libc::getauxval(libc::AT_ENTRY) as usize }
+}
+
 /// Why the function at `addr` (named `first` by the caller, plus every name the inventory has
 /// for it) may not be probed by an fprobe that does (or does not) hook the return.
 fn notrace(symbols: &[Symbol], addr: usize, first: &str, hooks_return: bool) -> Option<String> {
+    if addr == program_entry() || first == "_start" {
+        return Some(ENTRY_POINT.to_string());
+    }
     let i = symbols.partition_point(|s| s.addr < addr);
     let here = symbols[i..].iter().take_while(|s| s.addr == addr);
     let glibc = here.clone().any(|s| is_glibc(&s.object));
@@ -198,6 +210,9 @@ fn notrace(symbols: &[Symbol], addr: usize, first: &str, hooks_return: bool) -> 
     for n in names {
         if let Some(why) = excluded(n) {
             return Some(why.to_string());
+        }
+        if n == "_start" {
+            return Some(ENTRY_POINT.to_string());
         }
         if !glibc {
             continue;

@@ -351,6 +351,33 @@ fn unpatchable_functions_are_refused_with_a_reason() {
     assert!(ustrace_fprobe::check_patchable(lib.sym("c_add")).is_none());
 }
 
+// The loader jumps to a program's entry point (`_start`) with no return address and the
+// stack aligned as no call leaves it: probed, the entry handler ran on a misaligned stack
+// and a return hook would overwrite argc. It is refused by its address and by its name.
+#[test]
+fn the_programs_entry_point_is_refused() {
+    let _g = serial();
+    // SAFETY: getauxval only reads the auxiliary vector.
+    let entry = unsafe { libc::getauxval(libc::AT_ENTRY) } as usize;
+    assert_ne!(entry, 0);
+    let by_address = Fprobe::builder()
+        .entry_handler(|_, _, _, _, _| EntryAction::Continue)
+        .register_ips(&[entry])
+        .unwrap_err();
+    assert!(
+        matches!(&by_address, Error::Refused(r) if r.contains("entry point")),
+        "{by_address}"
+    );
+    let by_name = Fprobe::builder()
+        .entry_handler(|_, _, _, _, _| EntryAction::Continue)
+        .register_syms(&["_start"])
+        .unwrap_err();
+    assert!(
+        matches!(&by_name, Error::Refused(r) if r.contains("entry point")),
+        "{by_name}"
+    );
+}
+
 #[test]
 fn nr_maxactive_bounds_pending_exits() {
     let _g = serial();
