@@ -295,6 +295,76 @@ fn the_function_graph_of_a_program_is_recorded() {
     }
 }
 
+// Issue 20 items 1 and 4: with no filter the tracers patch every function of the program
+// and its libraries, and the program runs as it does untraced. Every dynamically linked
+// program runs ld.so's `dfs_traversal` at exit, whose caller (built with GCC's `-fipa-ra`)
+// keeps a pointer in r11 across the call: a tracer that changed any register there, or
+// one that could not take its own SIGTRAP on the agent's thread, crashed the program.
+#[test]
+fn every_function_of_a_program_is_traced_and_it_runs_as_before() {
+    let Some(env) = Env::new("every") else { return };
+    let prog = env.cc("every", EVERY);
+    let plain = Command::new(&prog).output().unwrap();
+    assert!(plain.status.success());
+    for tracer in ["function", "function_graph"] {
+        let out = env.dir.join(format!("{tracer}.dat"));
+        let output = env
+            .record()
+            .args(["-p", tracer, "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&prog)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{tracer}: {stderr}");
+        assert!(
+            stderr.contains("the target exited with status 0"),
+            "{tracer}: {stderr}"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&plain.stdout),
+            "{tracer}: {stderr}"
+        );
+        let lines = ustrace_report(&out);
+        for name in ["mix", "main"] {
+            assert!(
+                lines.iter().any(|l| l.contains(&format!(" {name} "))
+                    || l.contains(&format!(" {name} <-"))
+                    || l.ends_with(&format!(" {name}"))),
+                "{tracer}: no call of {name} in {} lines: {:?}",
+                lines.len(),
+                &lines[..lines.len().min(40)]
+            );
+        }
+    }
+}
+
+const EVERY: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static long mix(long a, long b) { return (a * 31) ^ (b + 7); }
+
+int main(void) {
+    long acc = 0;
+    char buf[64];
+    for (int i = 0; i < 200; i++) {
+        acc = mix(acc, i);
+        snprintf(buf, sizeof buf, "%ld", acc);
+        acc += (long)strlen(buf);
+    }
+    char *p = malloc(100);
+    memset(p, 1, 100);
+    acc += p[50];
+    free(p);
+    printf("%ld\n", acc);
+    return 0;
+}
+"#;
+
 // Issue 16 item 7: the demo tells the story in three commands — record a C program that
 // never heard of ustrace with fprobes on two functions, report it, export it.
 #[test]
