@@ -725,5 +725,39 @@ fn a_filter_on_functions_that_cannot_be_patched_still_switches() {
     assert_eq!(ustrace::ftrace::tracer::patched(&inst), 0);
     assert!(!ustrace::ftrace::tracer::refused(&inst).is_empty());
     set(&dir, "current_tracer", "nop");
+    // A function too short to patch: selected, refused, and listed with the reason even
+    // when it is the only one (nothing at all could be patched).
+    // SAFETY: the assembly below returns its argument, as the declaration says.
+    assert_eq!(unsafe { ftrace_tiny_fn(std::hint::black_box(5)) }, 5);
+    set(&dir, "set_ftrace_filter", "ftrace_tiny_fn\n");
+    set(&dir, "current_tracer", "function");
+    assert_eq!(ustrace::ftrace::tracer::patched(&inst), 0);
+    let refused = ustrace::ftrace::tracer::refused(&inst);
+    assert!(
+        refused
+            .iter()
+            .any(|r| r.function == "ftrace_tiny_fn" && r.reason.contains("too short")),
+        "{refused:?}"
+    );
+    assert!(
+        get(&dir, "unpatchable_functions").contains("ftrace_tiny_fn"),
+        "{}",
+        get(&dir, "unpatchable_functions")
+    );
+    set(&dir, "current_tracer", "nop");
     fs.rmdir(&dir).unwrap();
+}
+
+// Three bytes: shorter than the five a patch needs.
+std::arch::global_asm!(
+    ".globl ftrace_tiny_fn",
+    ".type ftrace_tiny_fn,@function",
+    "ftrace_tiny_fn:",
+    "mov eax, edi",
+    "ret",
+    ".size ftrace_tiny_fn, . - ftrace_tiny_fn",
+);
+
+extern "C" {
+    fn ftrace_tiny_fn(x: u32) -> u32;
 }

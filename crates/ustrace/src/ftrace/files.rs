@@ -1,7 +1,7 @@
 //! The tracefs files of the function tracers besides the function sets: `available_tracers`,
 //! `current_tracer`, `set_ftrace_pid`, `set_ftrace_notrace_pid`, `max_graph_depth`,
-//! `tracing_thresh`, and `unpatchable_functions` (ours: what the running tracers could not
-//! patch, and why). Text in and out only; the tracer module acts.
+//! `tracing_thresh`, and `unpatchable_functions` (ours, in every instance: what its running
+//! tracer could not patch, and why). Text in and out only; the tracer module acts.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,10 +18,11 @@ pub const INSTANCE_FILES: &[&str] = &[
     "current_tracer",
     "set_ftrace_pid",
     "set_ftrace_notrace_pid",
+    "unpatchable_functions",
 ];
 
 /// Files only the top level has.
-pub const TOP_FILES: &[&str] = &["max_graph_depth", "tracing_thresh", "unpatchable_functions"];
+pub const TOP_FILES: &[&str] = &["max_graph_depth", "tracing_thresh"];
 
 /// Opens one of these files of `instance`; `None` when `name` is not one of them.
 pub fn open(

@@ -459,12 +459,8 @@ fn start(
     });
     republish(instance, st, &live);
     let (ips, mut refused) = targets(instance);
-    let fprobe = match register(kind, &live, &ips) {
-        Ok(Some(fp)) => {
-            refused.extend(fp.refused());
-            Some(fp)
-        }
-        Ok(None) => None,
+    let fprobe = match register(kind, &live, &ips, &mut refused) {
+        Ok(fp) => fp,
         Err(e) => {
             if kind == Kind::Graph {
                 SLOTS_USED.fetch_and(!(1 << slot), Ordering::AcqRel);
@@ -488,10 +484,16 @@ fn claim_slot() -> Option<usize> {
     }
 }
 
-/// Registers the tracer's fprobe on `ips`. Nothing to patch (every selected function is
-/// the tracer's own or cannot be patched) is not an error: the tracer runs and records
-/// nothing, as the kernel's does with a filter whose functions are never called.
-fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Option<Fprobe>, Errno> {
+/// Registers the tracer's fprobe on `ips`, adding the functions it could not patch to
+/// `refused`. Nothing to patch (every selected function is the tracer's own or cannot be
+/// patched) is not an error: the tracer runs and records nothing, as the kernel's does with
+/// a filter whose functions are never called, and `unpatchable_functions` says why.
+fn register(
+    kind: Kind,
+    live: &Arc<Live>,
+    ips: &[usize],
+    refused: &mut Vec<Refusal>,
+) -> Result<Option<Fprobe>, Errno> {
     if ips.is_empty() {
         return Ok(None);
     }
@@ -516,9 +518,24 @@ fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Option<Fprobe
         Kind::Nop => return Err(Errno::EINVAL),
     };
     match builder.register_ips_lenient(ips) {
-        Ok(fp) => Ok(Some(fp)),
-        // None of them could be patched; each says why in `unpatchable_functions`.
-        Err(ustrace_fprobe::Error::Refused(_)) => Ok(None),
+        Ok(fp) => {
+            refused.extend(fp.refused());
+            Ok(Some(fp))
+        }
+        // None of them could be patched: each is listed with its reason.
+        Err(ustrace_fprobe::Error::Refused(why)) => {
+            let inv = ustrace_inspect::symbols::inventory();
+            refused.extend(ips.iter().map(|&ip| {
+                Refusal {
+                    function: inv
+                        .lookup(ip)
+                        .map_or_else(|| format!("{ip:#x}"), |(s, _)| s.name.clone()),
+                    addr: ip,
+                    reason: ustrace_fprobe::check_patchable(ip).unwrap_or_else(|| why.clone()),
+                }
+            }));
+            Ok(None)
+        }
         Err(_) => Err(Errno(libc::ENODEV)),
     }
 }
@@ -554,10 +571,9 @@ pub(crate) fn sets_changed(instance: &Arc<Instance>, kind: SetKind) {
         SetKind::Filter | SetKind::Notrace => {
             let (ips, mut refused) = targets(instance);
             // The new fprobe first, then the old one goes: no call in between is missed.
-            let new = register(run.kind, &run.live, &ips).ok().flatten();
-            if let Some(fp) = &new {
-                refused.extend(fp.refused());
-            }
+            let new = register(run.kind, &run.live, &ips, &mut refused)
+                .ok()
+                .flatten();
             st.tracer.patched.store(
                 new.as_ref().map_or(0, |f| f.functions().len()),
                 Ordering::Relaxed,

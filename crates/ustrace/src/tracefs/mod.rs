@@ -66,6 +66,7 @@ const INSTANCE_FILES: &[(&str, u32)] = &[
     ("set_ftrace_notrace", 0o640),
     ("set_ftrace_pid", 0o640),
     ("set_ftrace_notrace_pid", 0o640),
+    ("unpatchable_functions", 0o440),
 ];
 
 /// Files only the top-level directory has.
@@ -86,7 +87,6 @@ const TOP_FILES: &[(&str, u32)] = &[
     ("set_graph_notrace", 0o640),
     ("max_graph_depth", 0o640),
     ("tracing_thresh", 0o640),
-    ("unpatchable_functions", 0o440),
 ];
 
 const CPU_FILES: &[(&str, u32)] = &[
