@@ -322,6 +322,10 @@ fn record_command(
             failed.trim_end()
         ));
     }
+    let mut client = client;
+    if opts.summary {
+        say_unpatched(&mut client, lines);
+    }
     let session = drain::Session::attach(pid, client, opts);
     // Whatever happened, `main` may now run (a failed attach ends the target below).
     release();
@@ -335,6 +339,41 @@ fn record_command(
     };
     let status = session.run(drain::Until::Child(&mut child))?;
     session.finish(status.map(|s| describe_status(&s)))
+}
+
+/// With a function tracer in the setup, says which of the functions it selects could not be
+/// patched (the target's `unpatchable_functions`): named when few, counted when many, so a
+/// function that records nothing is never a silent surprise.
+fn say_unpatched(client: &mut Client, lines: &[String]) {
+    let tracer = lines.iter().any(|l| {
+        l.strip_prefix("current_tracer ")
+            .is_some_and(|t| t.trim() != "nop")
+    });
+    if !tracer {
+        return;
+    }
+    let Ok(text) = client.read_file("unpatchable_functions") else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&text);
+    let refused: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+    match refused.len() {
+        0 => {}
+        n @ 1..=8 => {
+            eprintln!(
+                "ustrace record: {n} selected function(s) cannot be patched and record nothing:"
+            );
+            for l in refused {
+                let (name, why) = l.split_once('\t').unwrap_or((l, ""));
+                eprintln!("  {name}: {why}");
+            }
+        }
+        n => eprintln!(
+            "ustrace record: {n} selected functions cannot be patched and record nothing \
+             (the tracer's own code, the C library's notrace list, prologues that cannot be \
+             moved); the target's unpatchable_functions lists each with the reason"
+        ),
+    }
 }
 
 fn describe_status(status: &std::process::ExitStatus) -> String {
@@ -359,6 +398,9 @@ fn record_pid(pid: u32, lines: &[String], opts: &drain::Options) -> Result<(), S
     let mut client = Client::connect_path(&socket).map_err(|e| e.to_string())?;
     for (n, line) in lines.iter().enumerate() {
         apply_line(&mut client, line).map_err(|e| format!("setup line {}: {line}: {e}", n + 1))?;
+    }
+    if opts.summary {
+        say_unpatched(&mut client, lines);
     }
     let mut session = drain::Session::attach(pid, client, opts)?;
     drain::stop_on_ctrl_c();

@@ -341,6 +341,40 @@ fn every_function_of_a_program_is_traced_and_it_runs_as_before() {
     }
 }
 
+// A selected function that cannot be patched records nothing: record says so, with the
+// reason, instead of leaving an empty trace to puzzle over.
+#[test]
+fn record_names_the_selected_functions_it_cannot_patch() {
+    let Some(env) = Env::new("tiny") else { return };
+    let prog = env.cc("tiny", TINY);
+    let out = env.dir.join("tiny.dat");
+    let output = env
+        .record()
+        .args(["-p", "function", "-F", "tiny", "-F", "roomy", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("1 selected function(s) cannot be patched")
+            && stderr.contains("  tiny: ")
+            && stderr.contains("too short"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("  roomy"), "{stderr}");
+}
+
+const TINY: &str = r#"
+#include <stdio.h>
+/* Four bytes: shorter than the five a patch needs. */
+__attribute__((naked, noinline)) long tiny(long x) { __asm__("mov %rdi, %rax\n\tret"); }
+__attribute__((noinline)) long roomy(long x) { return x * 3 + 1; }
+int main(void) { printf("%ld\n", tiny(2) + roomy(3)); return 0; }
+"#;
+
 const EVERY: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
