@@ -6,6 +6,9 @@
 //! - `add_loop`: `acc = acc.wrapping_add(black_box(i))` per iteration. The tracepoint, event,
 //!   filter, soft-disabled and eprobe loops are this loop plus one tracepoint call.
 //! - `call_loop`: an unprobed call of the `#[inline(never)]` function the fprobe figures probe.
+//!   `fprobe_trampoline_floor` is the same call of a function with the same body patched to
+//!   enter the fprobe entry trampoline with an empty function for a dispatcher
+//!   ([`ustrace_fprobe::bench`]): the floor of an entry probe with this register frame.
 //! - `index_loop`: `black_box(i)` per iteration. The ring-buffer loop is this loop plus one
 //!   reserve/copy/commit, the clock loop this loop plus one clock read.
 //! - `index_loop_2threads`: two threads running `index_loop`, started and joined as the two
@@ -54,7 +57,7 @@ use crate::bench_measure::{
 };
 
 /// Every figure the bench reports, in the order it reports them.
-pub const NAMES: [&str; 23] = [
+pub const NAMES: [&str; 24] = [
     "tracepoint_off",
     "tracepoint_off_load",
     "tracepoint_noop_probe",
@@ -64,6 +67,7 @@ pub const NAMES: [&str; 23] = [
     "event_soft_disabled",
     "fprobe_entry",
     "fprobe_entry_exit",
+    "fprobe_trampoline_floor",
     "fprobe_event_2args",
     "function_tracer_call",
     "function_graph_call",
@@ -385,6 +389,19 @@ fn call_loop(n: u64) {
     let mut acc = 0u64;
     for i in 0..n {
         acc = acc.wrapping_add(ustrace_bench_target(black_box(i), 7));
+    }
+    black_box(acc);
+}
+
+/// `call_loop` through the floor trampoline.
+#[inline(never)]
+fn floor_loop(n: u64) {
+    let mut acc = 0u64;
+    for i in 0..n {
+        acc = acc.wrapping_add(ustrace_fprobe::bench::trampoline_floor_call(
+            black_box(i),
+            7,
+        ));
     }
     black_box(acc);
 }
@@ -837,6 +854,13 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         push(name, t.ns_per_op, "call_loop", None);
     }
 
+    if wanted("fprobe_trampoline_floor") {
+        ustrace_fprobe::bench::prepare_trampoline_floor()
+            .map_err(|e| format!("fprobe_trampoline_floor: {e}"))?;
+        let t = time_per_op(n, reps, infallible(floor_loop))?;
+        push("fprobe_trampoline_floor", t.ns_per_op, "call_loop", None);
+    }
+
     crate::bench_ftrace::figures(n, reps, &wanted, &mut push)?;
 
     if wanted("ring_buffer_write_32b") || wanted("ring_buffer_write_32b_2threads") {
@@ -963,7 +987,12 @@ mod tests {
         );
         assert_eq!(
             select(Some("fprobe*")).unwrap(),
-            ["fprobe_entry", "fprobe_entry_exit", "fprobe_event_2args"]
+            [
+                "fprobe_entry",
+                "fprobe_entry_exit",
+                "fprobe_trampoline_floor",
+                "fprobe_event_2args"
+            ]
         );
         assert_eq!(
             select(Some("ring_buffer_write_32b?2threads")).unwrap(),

@@ -123,6 +123,9 @@
 
 pub mod static_key;
 
+#[doc(hidden)]
+pub mod bench;
+
 mod arch;
 mod dispatch;
 mod fprobe;

@@ -109,6 +109,10 @@ pub(crate) fn code_bytes() -> usize {
     0
 }
 
+pub(crate) fn attach_floor(_func: usize, _size: Option<usize>) -> Result<usize, Error> {
+    Err(Error::Unsupported(WHY.into()))
+}
+
 pub(crate) fn moved_threads() -> u32 {
     0
 }

@@ -113,7 +113,7 @@ pub(crate) fn build_sites(
         .map(|r| {
             let prologue = insn::analyze(r.func, r.size, &code)?;
             entries::check(r.func, prologue.patch_at, prologue.len, symbols)?;
-            trampoline::build_site(prologue, r.site)
+            trampoline::build_site(prologue, r.site, trampoline::entry_trampoline())
         })
         .collect()
 }
@@ -158,6 +158,37 @@ pub(crate) fn unpatch_sites(
         })
         .collect();
     text_poke::poke_batch(&pokes, guard)
+}
+
+/// Patches `func` (of `size` bytes when known) for good to enter the floor trampoline of
+/// [`crate::bench`]: the entry trampoline with an empty function for a dispatcher, reached
+/// and left through a site built as every probed function's is. Returns the patched address.
+/// Only for functions of the probe machinery itself (`notrace` by name), which no fprobe can
+/// patch: nothing else ever owns that site.
+pub(crate) fn attach_floor(func: usize, size: Option<usize>) -> Result<usize, Error> {
+    let inventory = ustrace_inspect::symbols::inventory();
+    let symbols = inventory.functions();
+    let prologue =
+        insn::analyze(func, size, &insn::CodeCache::default()).map_err(Error::Refused)?;
+    entries::check(func, prologue.patch_at, prologue.len, symbols).map_err(Error::Refused)?;
+    // Immortal, as every site is: a thread may run the stub at any time after the patch.
+    let site: &'static crate::dispatch::Site = Box::leak(Box::new(crate::dispatch::Site {
+        orig_stub: Default::default(),
+        func,
+        probes: Default::default(),
+        no_return_hook: Default::default(),
+    }));
+    let code = trampoline::build_site(
+        prologue,
+        site as *const crate::dispatch::Site as usize,
+        trampoline::floor_trampoline(),
+    )
+    .map_err(Error::Refused)?;
+    site.orig_stub
+        .store(code.orig_stub, std::sync::atomic::Ordering::Release);
+    let guard = text_lock();
+    patch_sites(&[&code], &guard)?;
+    Ok(code.patch_at)
 }
 
 /// Bytes of trampoline memory in use (stats).

@@ -37,10 +37,11 @@ pub struct PtRegs {
     pub xmm: [[u64; 2]; 8],
 }
 
-/// Byte size of [`PtRegs`]; the trampolines reserve exactly this on the stack.
+/// Byte size of [`PtRegs`]; the trampolines reserve it, with room for xmm8-15 and more, on
+/// the stack.
 pub(crate) const PT_REGS_SIZE: usize = 21 * 8 + 8 * 16;
 const _: () = assert!(std::mem::size_of::<PtRegs>() == PT_REGS_SIZE);
-// The trampolines rely on `sub rsp, SIZE` turning an entry rsp of 8 mod 16 into 0 mod 16.
+// The trampolines place the frame at 8 mod 16 so that its xmm slots are 16-byte aligned.
 const _: () = assert!(PT_REGS_SIZE % 16 == 8);
 
 impl PtRegs {

@@ -8,7 +8,7 @@
 //!                                                        push r11
 //!                                                        mov r11, &Site
 //!                                                        jmp (rel32 or [abs]) ──────► entry_trampoline:
-//!                                                                                      sub rsp, 432; save PtRegs+xmm0-15
+//!                                                                                      sub rsp, 432; save every register
 //!                                                                                      call dispatch_entry(r11, regs)
 //!                                                                                        - entry handlers
 //!                                                                                        - maybe: shadow push {ret, sp},
@@ -51,68 +51,84 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::regs::PT_REGS_SIZE;
+use super::regs::{PtRegs, PT_REGS_SIZE};
 
-/// The entry trampoline's frame: the handlers' [`PtRegs`](super::regs::PtRegs), then
-/// `xmm8`-`xmm15`, then the site's address (kept across the dispatcher's call, which may use
-/// r11); above it the caller's `r11` (pushed by the entry stub) and the return address.
+// The frames. Both trampolines put the handlers' PtRegs at rsp + 8 and xmm8-xmm15 right
+// after it, so every 16-byte slot is 16-byte aligned (misaligned, one crossed a cache line at
+// some stack offsets and its store could not be forwarded to the reload: up to 10 ns more
+// per hit), and leave rsp 16-byte aligned for the call; PtRegs.sp, the return address's
+// slot, is at rsp + 440 in both.
+//
+//   entry (rsp 0 mod 16 on entry: the stub pushed r11)      return (after `sub rsp, 8`)
+//   rsp + 0     the site, kept across the dispatcher call    unused
+//   rsp + 8     PtRegs (xmm0-7 at rsp + 176)                 PtRegs
+//   rsp + 304   xmm8-xmm15                                   xmm8-xmm15
+//   rsp + 432   the caller's r11                             unused
+//   rsp + 440   return address                               the slot for the real return
+const PT_REGS_AT: usize = 8;
+const HIGH_XMM_AT: usize = PT_REGS_AT + PT_REGS_SIZE;
 const ENTRY_FRAME: usize = 432;
-/// The return trampoline's frame below the slot for the real return address: the PtRegs,
-/// then `xmm8`-`xmm15`.
-const EXIT_FRAME: usize = 424;
-const _: () = assert!(PT_REGS_SIZE == 296);
-const _: () = assert!(ENTRY_FRAME == PT_REGS_SIZE + 8 * 16 + 8 && ENTRY_FRAME.is_multiple_of(16));
-const _: () = assert!(EXIT_FRAME == PT_REGS_SIZE + 8 * 16 && (EXIT_FRAME + 8).is_multiple_of(16));
+const EXIT_FRAME: usize = 440;
+const RETURN_SLOT: usize = 440;
+const _: () = assert!(PT_REGS_SIZE == 296 && HIGH_XMM_AT == 304);
+const _: () = assert!((PT_REGS_AT + std::mem::offset_of!(PtRegs, xmm)).is_multiple_of(16));
+const _: () = assert!(HIGH_XMM_AT.is_multiple_of(16) && HIGH_XMM_AT + 8 * 16 == ENTRY_FRAME);
+// rsp is 0 mod 16 when the entry trampoline starts (a call's 8, plus the stub's push), and 8
+// when the return trampoline has made its slot.
+const _: () = assert!(ENTRY_FRAME.is_multiple_of(16) && EXIT_FRAME % 16 == 8);
+const _: () = assert!(ENTRY_FRAME + 8 == RETURN_SLOT && EXIT_FRAME == RETURN_SLOT);
 
 // Every register is kept, not only the ABI's callee-saved ones and the arguments: GCC's
 // interprocedural register allocation (`-fipa-ra`, on at -O2 unless -pg is given) lets a
 // caller keep values in call-clobbered registers across a call to a function it knows does
 // not touch them (glibc's ld.so keeps a pointer in r11 across its calls to dfs_traversal),
-// so neither path may change a register the probed function itself would not.
+// so neither path may change a register the probed function itself would not. Each xmm
+// store sits beside an integer one: eight FP stores in a row cost about 1.5 ns more on Zen 4
+// than the same stores spread among the others.
 macro_rules! save_regs {
     () => {
         concat!(
-            "mov [rsp + 0*8], r15\n",
-            "mov [rsp + 1*8], r14\n",
-            "mov [rsp + 2*8], r13\n",
-            "mov [rsp + 3*8], r12\n",
-            "mov [rsp + 4*8], rbp\n",
-            "mov [rsp + 5*8], rbx\n",
-            "mov [rsp + 7*8], r10\n",
-            "mov [rsp + 8*8], r9\n",
-            "mov [rsp + 9*8], r8\n",
-            "mov [rsp + 10*8], rax\n",
-            "mov [rsp + 11*8], rcx\n",
-            "mov [rsp + 12*8], rdx\n",
-            "mov [rsp + 13*8], rsi\n",
-            "mov [rsp + 14*8], rdi\n",
+            "movups [rsp + 176 + 0*16], xmm0\n",
+            "mov [rsp + 8 + 0*8], r15\n",
+            "movups [rsp + 176 + 1*16], xmm1\n",
+            "mov [rsp + 8 + 1*8], r14\n",
+            "movups [rsp + 176 + 2*16], xmm2\n",
+            "mov [rsp + 8 + 2*8], r13\n",
+            "movups [rsp + 176 + 3*16], xmm3\n",
+            "mov [rsp + 8 + 3*8], r12\n",
+            "movups [rsp + 176 + 4*16], xmm4\n",
+            "mov [rsp + 8 + 4*8], rbp\n",
+            "movups [rsp + 176 + 5*16], xmm5\n",
+            "mov [rsp + 8 + 5*8], rbx\n",
+            "movups [rsp + 176 + 6*16], xmm6\n",
+            "mov [rsp + 8 + 7*8], r10\n",
+            "movups [rsp + 176 + 7*16], xmm7\n",
+            "mov [rsp + 8 + 8*8], r9\n",
+            "movups [rsp + 304 + 0*16], xmm8\n",
+            "mov [rsp + 8 + 9*8], r8\n",
+            "movups [rsp + 304 + 1*16], xmm9\n",
+            "mov [rsp + 8 + 10*8], rax\n",
+            "movups [rsp + 304 + 2*16], xmm10\n",
+            "mov [rsp + 8 + 11*8], rcx\n",
+            "movups [rsp + 304 + 3*16], xmm11\n",
+            "mov [rsp + 8 + 12*8], rdx\n",
+            "movups [rsp + 304 + 4*16], xmm12\n",
+            "mov [rsp + 8 + 13*8], rsi\n",
+            "movups [rsp + 304 + 5*16], xmm13\n",
+            "mov [rsp + 8 + 14*8], rdi\n",
             // The caller's r11, which the entry stub pushed before it took r11 for the site.
+            "movups [rsp + 304 + 6*16], xmm14\n",
             "mov rax, [rsp + 432]\n",
-            "mov [rsp + 6*8], rax\n",
-            "mov qword ptr [rsp + 15*8], -1\n",
-            "movups [rsp + 296 + 0*16], xmm8\n",
-            "movups [rsp + 296 + 1*16], xmm9\n",
-            "movups [rsp + 296 + 2*16], xmm10\n",
-            "movups [rsp + 296 + 3*16], xmm11\n",
-            "movups [rsp + 296 + 4*16], xmm12\n",
-            "movups [rsp + 296 + 5*16], xmm13\n",
-            "movups [rsp + 296 + 6*16], xmm14\n",
-            "movups [rsp + 296 + 7*16], xmm15\n",
+            "movups [rsp + 304 + 7*16], xmm15\n",
+            "mov [rsp + 8 + 6*8], rax\n",
+            "mov qword ptr [rsp + 8 + 15*8], -1\n",
             // cs and flags (0, 0) in one 16-byte store, then sp and ss (0) in another; xmm8
             // and xmm9 are saved above and put back with the rest.
             "xorps xmm8, xmm8\n",
-            "movups [rsp + 17*8], xmm8\n",
+            "movups [rsp + 8 + 17*8], xmm8\n",
             "lea rax, [rsp + 440]\n",
             "movq xmm9, rax\n",
-            "movups [rsp + 19*8], xmm9\n",
-            "movups [rsp + 168 + 0*16], xmm0\n",
-            "movups [rsp + 168 + 1*16], xmm1\n",
-            "movups [rsp + 168 + 2*16], xmm2\n",
-            "movups [rsp + 168 + 3*16], xmm3\n",
-            "movups [rsp + 168 + 4*16], xmm4\n",
-            "movups [rsp + 168 + 5*16], xmm5\n",
-            "movups [rsp + 168 + 6*16], xmm6\n",
-            "movups [rsp + 168 + 7*16], xmm7\n",
+            "movups [rsp + 8 + 19*8], xmm9\n",
         )
     };
 }
@@ -122,39 +138,39 @@ macro_rules! save_regs {
 macro_rules! save_return_state {
     () => {
         concat!(
-            "mov [rsp + 0*8], r15\n",
-            "mov [rsp + 1*8], r14\n",
-            "mov [rsp + 2*8], r13\n",
-            "mov [rsp + 3*8], r12\n",
-            "mov [rsp + 4*8], rbp\n",
-            "mov [rsp + 5*8], rbx\n",
-            "mov [rsp + 6*8], r11\n",
-            "mov [rsp + 7*8], r10\n",
-            "mov [rsp + 8*8], r9\n",
-            "mov [rsp + 9*8], r8\n",
-            "mov [rsp + 10*8], rax\n",
-            "mov [rsp + 11*8], rcx\n",
-            "mov [rsp + 12*8], rdx\n",
-            "mov [rsp + 13*8], rsi\n",
-            "mov [rsp + 14*8], rdi\n",
-            "lea rax, [rsp + 424]\n",
-            "mov [rsp + 19*8], rax\n",
-            "movups [rsp + 168 + 0*16], xmm0\n",
-            "movups [rsp + 168 + 1*16], xmm1\n",
-            "movups [rsp + 168 + 2*16], xmm2\n",
-            "movups [rsp + 168 + 3*16], xmm3\n",
-            "movups [rsp + 168 + 4*16], xmm4\n",
-            "movups [rsp + 168 + 5*16], xmm5\n",
-            "movups [rsp + 168 + 6*16], xmm6\n",
-            "movups [rsp + 168 + 7*16], xmm7\n",
-            "movups [rsp + 296 + 0*16], xmm8\n",
-            "movups [rsp + 296 + 1*16], xmm9\n",
-            "movups [rsp + 296 + 2*16], xmm10\n",
-            "movups [rsp + 296 + 3*16], xmm11\n",
-            "movups [rsp + 296 + 4*16], xmm12\n",
-            "movups [rsp + 296 + 5*16], xmm13\n",
-            "movups [rsp + 296 + 6*16], xmm14\n",
-            "movups [rsp + 296 + 7*16], xmm15\n",
+            "movups [rsp + 176 + 0*16], xmm0\n",
+            "mov [rsp + 8 + 0*8], r15\n",
+            "movups [rsp + 176 + 1*16], xmm1\n",
+            "mov [rsp + 8 + 1*8], r14\n",
+            "movups [rsp + 176 + 2*16], xmm2\n",
+            "mov [rsp + 8 + 2*8], r13\n",
+            "movups [rsp + 176 + 3*16], xmm3\n",
+            "mov [rsp + 8 + 3*8], r12\n",
+            "movups [rsp + 176 + 4*16], xmm4\n",
+            "mov [rsp + 8 + 4*8], rbp\n",
+            "movups [rsp + 176 + 5*16], xmm5\n",
+            "mov [rsp + 8 + 5*8], rbx\n",
+            "movups [rsp + 176 + 6*16], xmm6\n",
+            "mov [rsp + 8 + 6*8], r11\n",
+            "movups [rsp + 176 + 7*16], xmm7\n",
+            "mov [rsp + 8 + 7*8], r10\n",
+            "movups [rsp + 304 + 0*16], xmm8\n",
+            "mov [rsp + 8 + 8*8], r9\n",
+            "movups [rsp + 304 + 1*16], xmm9\n",
+            "mov [rsp + 8 + 9*8], r8\n",
+            "movups [rsp + 304 + 2*16], xmm10\n",
+            "mov [rsp + 8 + 10*8], rax\n",
+            "movups [rsp + 304 + 3*16], xmm11\n",
+            "mov [rsp + 8 + 11*8], rcx\n",
+            "movups [rsp + 304 + 4*16], xmm12\n",
+            "mov [rsp + 8 + 12*8], rdx\n",
+            "movups [rsp + 304 + 5*16], xmm13\n",
+            "mov [rsp + 8 + 13*8], rsi\n",
+            "movups [rsp + 304 + 6*16], xmm14\n",
+            "mov [rsp + 8 + 14*8], rdi\n",
+            "movups [rsp + 304 + 7*16], xmm15\n",
+            "lea rax, [rsp + 440]\n",
+            "mov [rsp + 8 + 19*8], rax\n",
         )
     };
 }
@@ -166,95 +182,123 @@ macro_rules! save_return_state {
 macro_rules! restore_scratch {
     () => {
         concat!(
-            "movups xmm0, [rsp + 168 + 0*16]\n",
-            "movups xmm1, [rsp + 168 + 1*16]\n",
-            "movups xmm2, [rsp + 168 + 2*16]\n",
-            "movups xmm3, [rsp + 168 + 3*16]\n",
-            "movups xmm4, [rsp + 168 + 4*16]\n",
-            "movups xmm5, [rsp + 168 + 5*16]\n",
-            "movups xmm6, [rsp + 168 + 6*16]\n",
-            "movups xmm7, [rsp + 168 + 7*16]\n",
-            "movups xmm8, [rsp + 296 + 0*16]\n",
-            "movups xmm9, [rsp + 296 + 1*16]\n",
-            "movups xmm10, [rsp + 296 + 2*16]\n",
-            "movups xmm11, [rsp + 296 + 3*16]\n",
-            "movups xmm12, [rsp + 296 + 4*16]\n",
-            "movups xmm13, [rsp + 296 + 5*16]\n",
-            "movups xmm14, [rsp + 296 + 6*16]\n",
-            "movups xmm15, [rsp + 296 + 7*16]\n",
-            "mov r10, [rsp + 7*8]\n",
-            "mov r9, [rsp + 8*8]\n",
-            "mov r8, [rsp + 9*8]\n",
-            "mov rax, [rsp + 10*8]\n",
-            "mov rcx, [rsp + 11*8]\n",
-            "mov rdx, [rsp + 12*8]\n",
-            "mov rsi, [rsp + 13*8]\n",
-            "mov rdi, [rsp + 14*8]\n",
+            "movups xmm0, [rsp + 176 + 0*16]\n",
+            "mov r10, [rsp + 8 + 7*8]\n",
+            "movups xmm1, [rsp + 176 + 1*16]\n",
+            "mov r9, [rsp + 8 + 8*8]\n",
+            "movups xmm2, [rsp + 176 + 2*16]\n",
+            "mov r8, [rsp + 8 + 9*8]\n",
+            "movups xmm3, [rsp + 176 + 3*16]\n",
+            "mov rax, [rsp + 8 + 10*8]\n",
+            "movups xmm4, [rsp + 176 + 4*16]\n",
+            "mov rcx, [rsp + 8 + 11*8]\n",
+            "movups xmm5, [rsp + 176 + 5*16]\n",
+            "mov rdx, [rsp + 8 + 12*8]\n",
+            "movups xmm6, [rsp + 176 + 6*16]\n",
+            "mov rsi, [rsp + 8 + 13*8]\n",
+            "movups xmm7, [rsp + 176 + 7*16]\n",
+            "mov rdi, [rsp + 8 + 14*8]\n",
+            "movups xmm8, [rsp + 304 + 0*16]\n",
+            "movups xmm9, [rsp + 304 + 1*16]\n",
+            "movups xmm10, [rsp + 304 + 2*16]\n",
+            "movups xmm11, [rsp + 304 + 3*16]\n",
+            "movups xmm12, [rsp + 304 + 4*16]\n",
+            "movups xmm13, [rsp + 304 + 5*16]\n",
+            "movups xmm14, [rsp + 304 + 6*16]\n",
+            "movups xmm15, [rsp + 304 + 7*16]\n",
         )
     };
 }
 
+/// The entry trampoline's code as `$name`, calling `$dispatch(site, regs) -> bool`. The real
+/// trampoline and the bench's floor trampoline ([`crate::bench`]) are both expanded from
+/// here, so the floor figure measures exactly the instructions a hit runs around the
+/// dispatcher call.
+macro_rules! entry_trampoline {
+    ($name:literal, $dispatch:path) => {
+        std::arch::global_asm!(
+            ".pushsection .text.ustrace_fprobe_trampolines,\"ax\",@progbits",
+            ".balign 16",
+            concat!(".globl ", $name),
+            concat!(".hidden ", $name),
+            concat!(".type ", $name, ",@function"),
+            concat!($name, ":"),
+            ".cfi_startproc",
+            // The entry stub pushed the caller's r11 above the return address.
+            ".cfi_def_cfa_offset 16",
+            ".cfi_offset r11, -16",
+            "sub rsp, 432",
+            ".cfi_adjust_cfa_offset 432",
+            save_regs!(),
+            // The site, kept across the call (which may use r11).
+            "mov [rsp], r11",
+            "mov rdi, r11",
+            "lea rsi, [rsp + 8]",
+            "call {entry}",
+            "mov r11, [rsp]",
+            // Did the dispatcher hook this call's return (the slot now holds
+            // return_trampoline)? Asked of it rather than of the slot: a function tail-called
+            // from a hooked one finds the trampoline there already, and must jump, so that the
+            // caller's hooked return still meets the return-stack entry of the caller's own
+            // entry `call`.
+            "test al, al",
+            ".cfi_remember_state",
+            "jnz 2f",
+            restore_scratch!(),
+            "add rsp, 432",
+            ".cfi_adjust_cfa_offset -432",
+            // To the site's original code, which starts by popping the caller's r11.
+            "jmp qword ptr [r11]",
+            "2:",
+            ".cfi_restore_state",
+            // Drop the hooked slot and push the same value back with a `call` from just before
+            // return_trampoline: memory ends up as the dispatcher left it, and the
+            // return-stack buffer now predicts the probed function's `ret` into
+            // return_trampoline, whose own `ret` then pairs with the caller's `call` (an entry
+            // trampoline that jumped would leave both returns mispredicted). The real return
+            // address is only in the shadow stack here. The call's target (the original code
+            // past its `pop r11`) goes into the slot, which is just below the stack pointer (in
+            // the red zone, which no signal frame overwrites) when the call reads it.
+            "mov rax, [r11]",
+            "add rax, 2",
+            "mov [rsp + 440], rax",
+            restore_scratch!(),
+            "add rsp, 432",
+            ".cfi_adjust_cfa_offset -432",
+            "pop r11",
+            ".cfi_adjust_cfa_offset -8",
+            ".cfi_same_value r11",
+            "add rsp, 8",
+            ".cfi_def_cfa_offset 0",
+            ".cfi_undefined rip",
+            "jmp ustrace_fprobe_call_hooked",
+            ".cfi_endproc",
+            concat!(".size ", $name, ", . - ", $name),
+            ".popsection",
+            entry = sym $dispatch,
+        );
+    };
+}
+
+entry_trampoline!(
+    "ustrace_fprobe_entry_trampoline",
+    crate::dispatch::entry_shim
+);
+entry_trampoline!("ustrace_fprobe_floor_trampoline", floor_dispatch);
+
+/// The floor trampoline's dispatcher: nothing, and "not hooked".
+extern "C" fn floor_dispatch(_site: *const crate::dispatch::Site, _regs: *mut PtRegs) -> bool {
+    false
+}
+
 std::arch::global_asm!(
     ".pushsection .text.ustrace_fprobe_trampolines,\"ax\",@progbits",
-    ".balign 16",
-    ".globl ustrace_fprobe_entry_trampoline",
-    ".hidden ustrace_fprobe_entry_trampoline",
-    ".type ustrace_fprobe_entry_trampoline,@function",
-    "ustrace_fprobe_entry_trampoline:",
-    ".cfi_startproc",
-    // The entry stub pushed the caller's r11 above the return address.
-    ".cfi_def_cfa_offset 16",
-    ".cfi_offset r11, -16",
-    "sub rsp, 432",
-    ".cfi_adjust_cfa_offset 432",
-    save_regs!(),
-    // The site, kept across the call in the frame's spare slot.
-    "mov [rsp + 424], r11",
-    "mov rdi, r11",
-    "mov rsi, rsp",
-    "call {entry}",
-    "mov r11, [rsp + 424]",
-    // Did the dispatcher hook this call's return (the slot now holds return_trampoline)?
-    // Asked of it rather than of the slot: a function tail-called from a hooked one finds
-    // the trampoline there already, and must jump, so that the caller's hooked return
-    // still meets the return-stack entry of the caller's own entry `call`.
-    "test al, al",
-    ".cfi_remember_state",
-    "jnz 2f",
-    restore_scratch!(),
-    "add rsp, 432",
-    ".cfi_adjust_cfa_offset -432",
-    // To the site's original code, which starts by popping the caller's r11.
-    "jmp qword ptr [r11]",
-    "2:",
-    ".cfi_restore_state",
-    // Drop the hooked slot and push the same value back with a `call` from just before
-    // return_trampoline: memory ends up as the dispatcher left it, and the return-stack buffer
-    // now predicts the probed function's `ret` into return_trampoline, whose own `ret` then
-    // pairs with the caller's `call` (an entry trampoline that jumped would leave both
-    // returns mispredicted). The real return address is only in the shadow stack here. The
-    // call's target (the original code past its `pop r11`) goes into the slot, which is
-    // just below the stack pointer (in the red zone, which no signal frame overwrites) when
-    // the call reads it.
-    "mov rax, [r11]",
-    "add rax, 2",
-    "mov [rsp + 440], rax",
-    restore_scratch!(),
-    "add rsp, 432",
-    ".cfi_adjust_cfa_offset -432",
-    "pop r11",
-    ".cfi_adjust_cfa_offset -8",
-    ".cfi_same_value r11",
-    "add rsp, 8",
-    ".cfi_def_cfa_offset 0",
-    ".cfi_undefined rip",
-    "jmp ustrace_fprobe_call_hooked",
-    ".cfi_endproc",
-    ".size ustrace_fprobe_entry_trampoline, . - ustrace_fprobe_entry_trampoline",
     // The call's return address is return_trampoline itself, so an unwinder that looks up
     // (return_trampoline - 1) lands here, where the return address is undefined: it stops
     // instead of applying someone else's rules.
     ".balign 16",
+    ".globl ustrace_fprobe_call_hooked",
+    ".hidden ustrace_fprobe_call_hooked",
     "ustrace_fprobe_call_hooked:",
     ".cfi_startproc",
     ".cfi_def_cfa rsp, 0",
@@ -271,27 +315,27 @@ std::arch::global_asm!(
     "sub rsp, 8",
     ".cfi_def_cfa_offset 8",
     ".cfi_offset rip, -8",
-    "sub rsp, 424",
-    ".cfi_adjust_cfa_offset 424",
+    "sub rsp, 440",
+    ".cfi_adjust_cfa_offset 440",
     save_return_state!(),
-    "mov rdi, rsp",
+    "lea rdi, [rsp + 8]",
     "call {exit}",
     restore_scratch!(),
-    "mov r11, [rsp + 6*8]",
-    "add rsp, 424",
-    ".cfi_adjust_cfa_offset -424",
+    "mov r11, [rsp + 8 + 6*8]",
+    "add rsp, 440",
+    ".cfi_adjust_cfa_offset -440",
     // The probed function's `ret` consumed the return-stack-buffer entry of the entry
     // trampoline's `call`; the caller's is next, and this `ret` uses it.
     "ret",
     ".cfi_endproc",
     ".size ustrace_fprobe_return_trampoline, . - ustrace_fprobe_return_trampoline",
     ".popsection",
-    entry = sym crate::dispatch::entry_shim,
     exit = sym crate::dispatch::exit_shim,
 );
 
 extern "C" {
     fn ustrace_fprobe_entry_trampoline();
+    fn ustrace_fprobe_floor_trampoline();
     fn ustrace_fprobe_return_trampoline();
 }
 
@@ -300,8 +344,13 @@ pub(crate) fn return_trampoline() -> usize {
     ustrace_fprobe_return_trampoline as *const () as usize
 }
 
-fn entry_trampoline() -> usize {
+pub(crate) fn entry_trampoline() -> usize {
     ustrace_fprobe_entry_trampoline as *const () as usize
+}
+
+/// The bench's floor trampoline: the entry trampoline calling an empty function.
+pub(crate) fn floor_trampoline() -> usize {
+    ustrace_fprobe_floor_trampoline as *const () as usize
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -439,7 +488,11 @@ const POP_R11: [u8; 2] = [0x41, 0x5b];
 
 /// Writes the analysed function's entry stub (bound to `site`) and relocated
 /// prologue into fresh stub memory (queued for [`flush_code`]). Nothing is patched yet.
-pub(crate) fn build_site(prologue: super::insn::Prologue, site: usize) -> Result<SiteCode, String> {
+pub(crate) fn build_site(
+    prologue: super::insn::Prologue,
+    site: usize,
+    trampoline: usize,
+) -> Result<SiteCode, String> {
     let mem = alloc_code_near(
         prologue.patch_at,
         ENTRY_STUB_LEN + super::insn::MAX_RELOCATED + 32,
@@ -455,12 +508,12 @@ pub(crate) fn build_site(prologue: super::insn::Prologue, site: usize) -> Result
     // A direct jump when the trampoline is within reach (stubs lie near their function, so
     // always for the program's own functions): no load and no indirect-branch prediction.
     let from = entry_stub + stub.len() + 5;
-    match i32::try_from(entry_trampoline() as i64 - from as i64) {
+    match i32::try_from(trampoline as i64 - from as i64) {
         Ok(rel) => {
             stub.push(0xe9);
             stub.extend_from_slice(&rel.to_le_bytes());
         }
-        Err(_) => stub.extend_from_slice(&super::insn::abs_jmp(entry_trampoline())),
+        Err(_) => stub.extend_from_slice(&super::insn::abs_jmp(trampoline)),
     }
     assert!(stub.len() <= ENTRY_STUB_LEN);
     // Both ranges were just carved out of a chunk and nothing executes them until a later
