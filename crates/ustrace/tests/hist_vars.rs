@@ -201,40 +201,6 @@ fn a_common_comm_parameter_is_the_target_events_thread() {
     );
 }
 
-/// Runs `f` on a new thread bound to `cpu`, and waits for it.
-fn on_cpu(cpu: usize, f: impl FnOnce() + Send + 'static) {
-    std::thread::spawn(move || {
-        // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within it
-        // (`cpu` < CPU_SETSIZE, as `allowed_cpus` yields); pid 0 is this thread.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            assert_eq!(
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                0
-            );
-        }
-        f();
-    })
-    .join()
-    .unwrap();
-}
-
-/// The CPUs this process may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set, which sched_getaffinity fills; pid 0
-    // is this thread; CPU_ISSET reads within the set.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
 // Unqualified `common_timestamp` and `common_cpu` parameters are the event the trigger is
 // on, as `common_comm` is: the kernel makes field variables of them on the target event.
 // Taken from the matching event instead, the answer's time would be the question's and
@@ -258,11 +224,11 @@ fn common_timestamp_and_cpu_parameters_are_the_target_events() {
     )
     .unwrap();
     common::write(&path(i, "events/synthetic/hv_when/enable"), "1\n").unwrap();
-    let cpus = allowed_cpus();
+    let cpus = common::allowed_cpus();
     let (asker, answerer) = (cpus[0], *cpus.last().unwrap());
-    on_cpu(asker, || request::trace(5, "get", 1));
+    common::on_cpu(asker, || request::trace(5, "get", 1));
     std::thread::sleep(std::time::Duration::from_millis(20));
-    on_cpu(answerer, || respond::trace(5, 3, 200));
+    common::on_cpu(answerer, || respond::trace(5, 3, 200));
     let lines = synth_lines(i, "hv_when");
     assert_eq!(lines.len(), 1, "{lines:?}");
     let value = |name: &str| -> u64 {

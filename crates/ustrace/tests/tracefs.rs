@@ -676,36 +676,12 @@ fn set_event_mod_selects_the_events_a_crate_declares() {
     );
 }
 
-/// Runs `f` on a thread pinned to `cpu`.
-fn on_cpu<T: Send + 'static>(cpu: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity only
-        // touch it and the calling thread's affinity.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            assert_eq!(
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                0,
-                "pin to cpu {cpu}"
-            );
-        }
-        f()
-    })
-    .join()
-    .unwrap()
-}
-
 // ftrace.rst "tracing_cpumask": events on a CPU left out of the mask are not recorded.
 #[test]
 fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
     let nr = ustrace::trace::tracing().top().buffer().nr_cpus();
-    // SAFETY: sched_getaffinity writes only the set it is given.
-    let usable = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
-        (0..2).all(|c| libc::CPU_ISSET(c, &set))
-    };
+    let allowed = common::allowed_cpus();
+    let usable = allowed.contains(&0) && allowed.contains(&1);
     if nr < 2 || !usable {
         eprintln!("skipped: needs CPUs 0 and 1 (have {nr} buffers)");
         return;
@@ -725,12 +701,12 @@ fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
         .trim_start_matches('0')
         .starts_with('2'));
     let marker = t.path("trace_marker");
-    on_cpu(0, move || {
+    common::on_cpu(0, move || {
         sched_switch::trace(100, 0);
         common::write(&marker, "from cpu0").unwrap();
     });
     let marker = t.path("trace_marker");
-    on_cpu(1, move || {
+    common::on_cpu(1, move || {
         sched_switch::trace(101, 1);
         common::write(&marker, "from cpu1").unwrap();
     });
@@ -747,7 +723,7 @@ fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
     // Triggers still run on a masked CPU's events, as the kernel's do.
     t.write("events/tsched/sched_switch/trigger", "traceoff\n")
         .unwrap();
-    on_cpu(0, || sched_switch::trace(102, 0));
+    common::on_cpu(0, || sched_switch::trace(102, 0));
     assert_eq!(t.read("tracing_on"), "0\n");
     t.write("events/tsched/sched_switch/trigger", "!traceoff\n")
         .unwrap();
@@ -760,7 +736,7 @@ fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
         .starts_with('2'));
     t.write("tracing_cpumask", &full).unwrap();
     assert_eq!(t.read("tracing_cpumask"), full);
-    on_cpu(0, || sched_switch::trace(103, 0));
+    common::on_cpu(0, || sched_switch::trace(103, 0));
     let lines = body_lines(&t.read("trace"));
     assert!(
         lines
