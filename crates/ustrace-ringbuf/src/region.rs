@@ -267,6 +267,9 @@ pub(crate) struct RawReservation {
     word: *mut u64,
     area: *mut u8,
     meta: u32,
+    /// The region's CPU, which a commit checks the thread is on: carried here so that
+    /// committing needs no load from the region (nor the region in a register meanwhile).
+    cpu: u32,
     /// The event's absolute time, as readers will see it.
     pub(crate) ts: u64,
 }
@@ -277,12 +280,15 @@ const META_COMMIT_MASK: u32 = META_EXTEND - 1;
 
 impl RawReservation {
     /// `word`: the local commit word of the page's slot; `area`: the
-    /// thread's rseq area from `rseq::owner_area`, or null.
+    /// thread's rseq area from `rseq::owner_area`, or null; `cpu`: the
+    /// region's CPU.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         payload: *mut u8,
         word: *mut u64,
         area: *mut u8,
+        cpu: u32,
         total: usize,
         extend: bool,
         entered: bool,
@@ -293,6 +299,7 @@ impl RawReservation {
             payload,
             word,
             area,
+            cpu,
             meta: total as u32
                 | 1 << WORD_BYTES_BITS
                 | if extend { META_EXTEND } else { 0 }
@@ -835,6 +842,7 @@ impl Region {
         area: *mut u8,
         cpu: u32,
     ) -> Option<RawReservation> {
+        debug_assert_eq!(cpu, self.cpu);
         let size = event_size(len) as u64;
         let state = self.atomic(OFF_STATE);
         let pos = state.load(Ordering::Relaxed);
@@ -889,6 +897,7 @@ impl Region {
             unsafe { bytes.as_mut_ptr().add(p) },
             word,
             area,
+            cpu,
             size as usize,
             false,
             false,
@@ -999,6 +1008,7 @@ impl Region {
                         unsafe { slot.as_mut_ptr().add(at + p) },
                         self.local_word_at(page_slot).as_ptr(),
                         owner_area,
+                        self.cpu,
                         total as usize,
                         extend,
                         enter.is_some(),
@@ -1235,39 +1245,19 @@ impl Region {
         }
     }
 
-    /// Adds committed bytes and entries to a page slot's commit words
-    /// (which `prepare_page` already moved to the page's lap), given the
-    /// slot's `local` word: a plain addition to it when the committing
-    /// thread is on the region's CPU (whichever CPU it reserved on), else
-    /// a locked one to the remote word after it. `add` is `entries <<
-    /// WORD_BYTES_BITS | bytes`; `area` is the calling thread's rseq area
-    /// from `rseq::owner_area`, or null.
+    /// [`commit_bytes_on`] this region's CPU.
     #[inline(always)]
     fn commit_bytes(&self, local: *mut u64, add: u64, area: *mut u8) {
-        if !area.is_null() {
-            // The sequence itself checks that the thread is on `self.cpu`
-            // (an unregistered thread's area names no CPU, so it fails too).
-            loop {
-                // SAFETY: `area` is this thread's rseq area (rseq is enabled);
-                // the local word is written only by sequences on `self.cpu` and
-                // by `prepare_page`, which cannot overlap a commit (see there).
-                match unsafe { rseq::add_on_cpu(area, self.cpu, local, add) } {
-                    rseq::Outcome::Done => return,
-                    rseq::Outcome::Aborted => continue,
-                    _ => break,
-                }
-            }
-        }
-        // SAFETY: `local` is a slot's local word; the remote word is the
-        // next u64 of the same slot's pair.
-        unsafe { AtomicU64::from_ptr(local.add(1)) }.fetch_add(add, Ordering::SeqCst);
+        commit_bytes_on(self.cpu, local, add, area)
     }
 
     /// Publishes a filled reservation (its alignment tail was zeroed when
-    /// it was made).
+    /// it was made). Needs nothing of the region but what the reservation
+    /// carries.
     #[inline(always)]
     pub(crate) fn commit(&self, r: &RawReservation) {
-        self.commit_bytes(r.word, r.commit_add(), r.area);
+        debug_assert_eq!(r.cpu, self.cpu);
+        commit_bytes_on(r.cpu, r.word, r.commit_add(), r.area);
     }
 
     /// Withdraws a reservation: the bytes become a time extend (so later
@@ -2128,6 +2118,34 @@ impl Region {
         }
         (bytes, oldest)
     }
+}
+
+/// Adds committed bytes and entries to a page slot's commit words (which
+/// `prepare_page` already moved to the page's lap), given the slot's
+/// `local` word: a plain addition to it when the committing thread is on
+/// `cpu`, the region's CPU (whichever CPU it reserved on), else a locked
+/// one to the remote word after it. `add` is `entries << WORD_BYTES_BITS |
+/// bytes`; `area` is the calling thread's rseq area from
+/// `rseq::owner_area`, or null.
+#[inline(always)]
+fn commit_bytes_on(cpu: u32, local: *mut u64, add: u64, area: *mut u8) {
+    if !area.is_null() {
+        // The sequence itself checks that the thread is on `cpu` (an
+        // unregistered thread's area names no CPU, so it fails too).
+        loop {
+            // SAFETY: `area` is this thread's rseq area (rseq is enabled);
+            // the local word is written only by sequences on `cpu` and by
+            // `prepare_page`, which cannot overlap a commit (see there).
+            match unsafe { rseq::add_on_cpu(area, cpu, local, add) } {
+                rseq::Outcome::Done => return,
+                rseq::Outcome::Aborted => continue,
+                _ => break,
+            }
+        }
+    }
+    // SAFETY: `local` is a slot's local word; the remote word is the next
+    // u64 of the same slot's pair.
+    unsafe { AtomicU64::from_ptr(local.add(1)) }.fetch_add(add, Ordering::SeqCst);
 }
 
 #[cfg(test)]

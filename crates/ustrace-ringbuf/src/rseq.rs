@@ -43,6 +43,7 @@
 //! ring buffer stays on its locked (CAS) protocol, which is correct on its
 //! own. `USTRACE_RINGBUF_RSEQ=0` in the environment forces that protocol.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 /// Result of one restartable sequence.
@@ -62,6 +63,15 @@ pub(crate) enum Outcome {
 
 static INIT: std::sync::Once = std::sync::Once::new();
 static OWNER_AREA: AtomicIsize = AtomicIsize::new(0);
+
+thread_local! {
+    /// The calling thread's rseq area as [`owner_area`] gave it last: null
+    /// until then, while owner writers do not use restartable sequences,
+    /// and in a fork child (whose writers never become owners). Constant
+    /// initialized and without a destructor, so reading it is one load
+    /// and works in signal handlers and during thread exit.
+    static AREA: Cell<*mut u8> = const { Cell::new(std::ptr::null_mut()) };
+}
 
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
@@ -108,6 +118,8 @@ pub(crate) fn init() {
 /// protocol, which needs no fencing.
 pub(crate) fn disable_after_fork() {
     OWNER_AREA.store(0, Ordering::Relaxed);
+    // The child's only thread is the one that forked: its cached area goes too.
+    let _ = AREA.try_with(|a| a.set(std::ptr::null_mut()));
 }
 
 /// Whether owner writers run restartable sequences (so foreign writers
@@ -122,8 +134,20 @@ pub(crate) fn enabled() -> bool {
 /// `None` while they do not.
 #[inline(always)]
 pub(crate) fn owner_area() -> Option<*mut u8> {
+    // One thread-local load on the writer's path, where the process-wide
+    // offset cost two dependent loads (through the GOT) and the thread
+    // pointer, all ahead of the CPU number and the buffer's slot.
+    let cached = AREA.with(Cell::get);
+    if !cached.is_null() {
+        return Some(cached);
+    }
     let off = OWNER_AREA.load(Ordering::Relaxed);
-    (off != 0).then(|| crate::cpu::thread_pointer().wrapping_add_signed(off) as *mut u8)
+    if off == 0 {
+        return None;
+    }
+    let area = crate::cpu::thread_pointer().wrapping_add_signed(off) as *mut u8;
+    AREA.with(|a| a.set(area));
+    Some(area)
 }
 
 /// Aborts every restartable sequence in flight in this process (and makes

@@ -165,3 +165,40 @@ fn parent_and_forked_child_write_while_the_parent_resizes() {
     assert_eq!(written, parent_ok, "written against successful writes");
     assert_eq!(written, read + overrun, "written against read + overrun");
 }
+
+/// The forking thread wrote before `fork`, so it had already looked up (and cached) its
+/// rseq area as an owner writer: its copy in the child must still write nothing into the
+/// inherited buffer, and count each try as dropped.
+#[test]
+fn a_child_of_a_thread_that_wrote_writes_nothing() {
+    let nr_cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let rb = RingBuffer::new(Config {
+        nr_cpus,
+        size_per_cpu: 4 * DATA_SIZE,
+        overwrite: true,
+        clock: Clock::Local,
+        name: "fork-cached".into(),
+    })
+    .unwrap();
+    assert!(rb.write(&event(1, 0)));
+    // SAFETY: the child only writes events and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let ok = (0..100).filter(|&i| rb.write(&event(2, i))).count();
+        // SAFETY: leaving without unwinding into the test harness.
+        unsafe { libc::_exit(ok.min(100) as i32) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status));
+    assert_eq!(libc::WEXITSTATUS(status), 0, "events the child wrote");
+    let (mut written, mut dropped) = (0, 0);
+    for cpu in 0..nr_cpus {
+        let st = rb.stats(cpu);
+        written += st.written;
+        dropped += st.dropped_events;
+    }
+    assert_eq!((written, dropped), (1, 100));
+}
