@@ -5,6 +5,8 @@
 //! with their instance given back, so nothing they read stays busy.
 
 mod common;
+#[path = "common/cpus.rs"]
+mod cpus;
 
 use ustrace::{Errno, FileSystem};
 
@@ -224,11 +226,11 @@ fn common_timestamp_and_cpu_parameters_are_the_target_events() {
     )
     .unwrap();
     common::write(&path(i, "events/synthetic/hv_when/enable"), "1\n").unwrap();
-    let cpus = common::allowed_cpus();
+    let cpus = cpus::allowed_cpus();
     let (asker, answerer) = (cpus[0], *cpus.last().unwrap());
-    common::on_cpu(asker, || request::trace(5, "get", 1));
+    cpus::on_cpu(asker, || request::trace(5, "get", 1));
     std::thread::sleep(std::time::Duration::from_millis(20));
-    common::on_cpu(answerer, || respond::trace(5, 3, 200));
+    cpus::on_cpu(answerer, || respond::trace(5, 3, 200));
     let lines = synth_lines(i, "hv_when");
     assert_eq!(lines.len(), 1, "{lines:?}");
     let value = |name: &str| -> u64 {

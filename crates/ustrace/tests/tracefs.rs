@@ -4,6 +4,8 @@
 //! kernel's, so tests can run in parallel in one process.
 
 mod common;
+#[path = "common/cpus.rs"]
+mod cpus;
 
 use std::time::Duration;
 
@@ -680,7 +682,7 @@ fn set_event_mod_selects_the_events_a_crate_declares() {
 #[test]
 fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
     let nr = ustrace::trace::tracing().top().buffer().nr_cpus();
-    let allowed = common::allowed_cpus();
+    let allowed = cpus::allowed_cpus();
     let usable = allowed.contains(&0) && allowed.contains(&1);
     if nr < 2 || !usable {
         eprintln!("skipped: needs CPUs 0 and 1 (have {nr} buffers)");
@@ -701,12 +703,12 @@ fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
         .trim_start_matches('0')
         .starts_with('2'));
     let marker = t.path("trace_marker");
-    common::on_cpu(0, move || {
+    cpus::on_cpu(0, move || {
         sched_switch::trace(100, 0);
         common::write(&marker, "from cpu0").unwrap();
     });
     let marker = t.path("trace_marker");
-    common::on_cpu(1, move || {
+    cpus::on_cpu(1, move || {
         sched_switch::trace(101, 1);
         common::write(&marker, "from cpu1").unwrap();
     });
@@ -723,7 +725,7 @@ fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
     // Triggers still run on a masked CPU's events, as the kernel's do.
     t.write("events/tsched/sched_switch/trigger", "traceoff\n")
         .unwrap();
-    common::on_cpu(0, || sched_switch::trace(102, 0));
+    cpus::on_cpu(0, || sched_switch::trace(102, 0));
     assert_eq!(t.read("tracing_on"), "0\n");
     t.write("events/tsched/sched_switch/trigger", "!traceoff\n")
         .unwrap();
@@ -736,7 +738,7 @@ fn tracing_cpumask_keeps_out_events_of_masked_cpus() {
         .starts_with('2'));
     t.write("tracing_cpumask", &full).unwrap();
     assert_eq!(t.read("tracing_cpumask"), full);
-    common::on_cpu(0, || sched_switch::trace(103, 0));
+    cpus::on_cpu(0, || sched_switch::trace(103, 0));
     let lines = body_lines(&t.read("trace"));
     assert!(
         lines
