@@ -78,14 +78,9 @@ const _: () = assert!(HIGH_XMM_AT.is_multiple_of(16) && HIGH_XMM_AT + 8 * 16 == 
 const _: () = assert!(ENTRY_FRAME.is_multiple_of(16) && EXIT_FRAME % 16 == 8);
 const _: () = assert!(ENTRY_FRAME + 8 == RETURN_SLOT && EXIT_FRAME == RETURN_SLOT);
 
-// Every register is kept, not only the ABI's callee-saved ones and the arguments: GCC's
-// interprocedural register allocation (`-fipa-ra`, on at -O2 unless -pg is given) lets a
-// caller keep values in call-clobbered registers across a call to a function it knows does
-// not touch them (glibc's ld.so keeps a pointer in r11 across its calls to dfs_traversal),
-// so neither path may change a register the probed function itself would not. Each xmm
-// store sits beside an integer one: eight FP stores in a row cost about 1.5 ns more on Zen 4
-// than the same stores spread among the others.
-macro_rules! save_regs {
+// The first stores of both frames: xmm0-5, each beside one of the callee-saved registers
+// (kept for the handlers' PtRegs, which the Rust dispatcher preserves anyway).
+macro_rules! save_low_xmm_and_callee_saved {
     () => {
         concat!(
             "movups [rsp + 176 + 0*16], xmm0\n",
@@ -100,6 +95,21 @@ macro_rules! save_regs {
             "mov [rsp + 8 + 4*8], rbp\n",
             "movups [rsp + 176 + 5*16], xmm5\n",
             "mov [rsp + 8 + 5*8], rbx\n",
+        )
+    };
+}
+
+// Every register is kept, not only the ABI's callee-saved ones and the arguments: GCC's
+// interprocedural register allocation (`-fipa-ra`, on at -O2 unless -pg is given) lets a
+// caller keep values in call-clobbered registers across a call to a function it knows does
+// not touch them (glibc's ld.so keeps a pointer in r11 across its calls to dfs_traversal),
+// so neither path may change a register the probed function itself would not. Each xmm
+// store sits beside an integer one: eight FP stores in a row cost about 1.5 ns more on Zen 4
+// than the same stores spread among the others.
+macro_rules! save_regs {
+    () => {
+        concat!(
+            save_low_xmm_and_callee_saved!(),
             "movups [rsp + 176 + 6*16], xmm6\n",
             "mov [rsp + 8 + 7*8], r10\n",
             "movups [rsp + 176 + 7*16], xmm7\n",
@@ -138,18 +148,7 @@ macro_rules! save_regs {
 macro_rules! save_return_state {
     () => {
         concat!(
-            "movups [rsp + 176 + 0*16], xmm0\n",
-            "mov [rsp + 8 + 0*8], r15\n",
-            "movups [rsp + 176 + 1*16], xmm1\n",
-            "mov [rsp + 8 + 1*8], r14\n",
-            "movups [rsp + 176 + 2*16], xmm2\n",
-            "mov [rsp + 8 + 2*8], r13\n",
-            "movups [rsp + 176 + 3*16], xmm3\n",
-            "mov [rsp + 8 + 3*8], r12\n",
-            "movups [rsp + 176 + 4*16], xmm4\n",
-            "mov [rsp + 8 + 4*8], rbp\n",
-            "movups [rsp + 176 + 5*16], xmm5\n",
-            "mov [rsp + 8 + 5*8], rbx\n",
+            save_low_xmm_and_callee_saved!(),
             "movups [rsp + 176 + 6*16], xmm6\n",
             "mov [rsp + 8 + 6*8], r11\n",
             "movups [rsp + 176 + 7*16], xmm7\n",
