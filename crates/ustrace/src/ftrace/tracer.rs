@@ -530,7 +530,7 @@ fn register(kind: Kind, live: &Arc<Live>, ips: &[usize]) -> Result<Option<Fprobe
 /// entry's load of it need no load of their own before their address is known, and the
 /// two `slot` loads per call go. Each handler also holds the instance's `Shared` itself: the
 /// ring buffer is then one load away from the closure instead of two (closure, `Live`,
-/// `Shared`), a shorter chain of dependent loads ahead of each reservation (about 2 ns per
+/// `Shared`), a shorter chain of dependent loads ahead of each reservation (1 to 3 ns per
 /// call measured, over both handlers).
 fn graph_handlers<const S: usize>(live: &Arc<Live>) -> ustrace_fprobe::FprobeBuilder {
     debug_assert_eq!(live.graph_slot(), S);
