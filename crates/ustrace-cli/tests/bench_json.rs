@@ -145,7 +145,12 @@ fn filter_by_each_name_prints_exactly_that_figure() {
     assert!(out.status.success());
     assert_eq!(
         names_printed(&out),
-        ["fprobe_entry", "fprobe_entry_exit", "fprobe_event_2args"]
+        [
+            "fprobe_entry",
+            "fprobe_entry_exit",
+            "fprobe_trampoline_floor",
+            "fprobe_event_2args"
+        ]
     );
 }
 

@@ -174,18 +174,6 @@ pub fn read_lock() -> ReadGuard {
     enter(slot())
 }
 
-/// Enters a read-side section if the calling thread has its slot already (every section
-/// after its first), else `None` (then [`read_lock`] registers it). It calls nothing, so a
-/// caller whose arguments must reach a later call keeps them in their registers rather than
-/// saving them around the registration.
-#[inline(always)]
-pub fn try_read_lock() -> Option<ReadGuard> {
-    match SLOT.try_with(|s| s.get()) {
-        Ok(Some(slot)) => Some(enter(slot)),
-        _ => None,
-    }
-}
-
 #[inline(always)]
 fn enter(slot: &'static Slot) -> ReadGuard {
     // Only this thread writes its `ctr`. A signal handler that enters a section between the

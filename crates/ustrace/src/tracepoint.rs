@@ -277,40 +277,13 @@ impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
     /// arguments by value: the one-probe call keeps them in registers, where a single closure
     /// shared with the loop would need them stored in memory on every call.
     ///
-    /// A thread's first call, which registers its read-side slot, goes to `first` instead
-    /// (which calls [`Tracepoint::call_probes_first`]): with no call before the probe's on
-    /// this path, the arguments stay in argument registers instead of being saved around
-    /// the registration. `first` is called last, so it is a tail call and the thread's
-    /// first event has as many record-path frames as every other (stack keys skip a fixed
-    /// count of them, measured once).
+    /// (A thread's first call, which registers its read-side slot, stays in this frame: a
+    /// path of its own would add a frame to that one call's stack, and stack keys skip a
+    /// fixed count of record-path frames measured once.)
     #[doc(hidden)]
     #[inline(always)]
-    pub fn call_probes(
-        &self,
-        one: impl FnOnce(&P),
-        many: impl FnOnce(ProbeList<'_, P>),
-        first: impl FnOnce(),
-    ) {
-        match rcu::try_read_lock() {
-            Some(section) => self.call_probes_in(section, one, many),
-            None => first(),
-        }
-    }
-
-    /// [`Tracepoint::call_probes`] for a thread's first call: registers its read-side slot.
-    #[doc(hidden)]
-    #[inline(always)]
-    pub fn call_probes_first(&self, one: impl FnOnce(&P), many: impl FnOnce(ProbeList<'_, P>)) {
-        self.call_probes_in(rcu::read_lock(), one, many)
-    }
-
-    #[inline(always)]
-    fn call_probes_in(
-        &self,
-        _section: rcu::ReadGuard,
-        one: impl FnOnce(&P),
-        many: impl FnOnce(ProbeList<'_, P>),
-    ) {
+    pub fn call_probes(&self, one: impl FnOnce(&P), many: impl FnOnce(ProbeList<'_, P>)) {
+        let _section = rcu::read_lock();
         let array = self.probes.load(Ordering::Acquire);
         if array.is_null() {
             return;
@@ -639,17 +612,6 @@ macro_rules! __tracepoint_items {
             // `move`: each closure holds the arguments, not their addresses, so they need no
             // home in memory on the one-probe path; several probes take a call of their own.
             TRACEPOINT.call_probes(
-                move |probe| probe($($arg),*),
-                move |probes| __call_each(probes, $($arg),*),
-                move || __call_probes_first($($arg),*),
-            );
-        }
-
-        /// `__call_probes` on the thread's first call, which registers its read-side slot.
-        #[inline(never)]
-        #[cold]
-        fn __call_probes_first($($arg: $ty),*) {
-            TRACEPOINT.call_probes_first(
                 move |probe| probe($($arg),*),
                 move |probes| __call_each(probes, $($arg),*),
             );
