@@ -9,6 +9,9 @@
 //!   `fprobe_trampoline_floor` is the same call of a function with the same body patched to
 //!   enter the fprobe entry trampoline with an empty function for a dispatcher
 //!   ([`ustrace_fprobe::bench`]): the floor of an entry probe with this register frame.
+//!   `fprobe_trampoline_floor_exit` is the same with its return hooked as well, both
+//!   trampolines' frames saved and restored, and only the return address kept aside and put
+//!   back between them: the floor under `fprobe_entry_exit`.
 //! - `index_loop`: `black_box(i)` per iteration. The ring-buffer loop is this loop plus one
 //!   reserve/copy/commit, the clock loop this loop plus one clock read.
 //! - `index_loop_2threads`: two threads running `index_loop`, started and joined as the two
@@ -57,7 +60,7 @@ use crate::bench_measure::{
 };
 
 /// Every figure the bench reports, in the order it reports them.
-pub const NAMES: [&str; 24] = [
+pub const NAMES: [&str; 25] = [
     "tracepoint_off",
     "tracepoint_off_load",
     "tracepoint_noop_probe",
@@ -68,6 +71,7 @@ pub const NAMES: [&str; 24] = [
     "fprobe_entry",
     "fprobe_entry_exit",
     "fprobe_trampoline_floor",
+    "fprobe_trampoline_floor_exit",
     "fprobe_event_2args",
     "function_tracer_call",
     "function_graph_call",
@@ -399,6 +403,19 @@ fn floor_loop(n: u64) {
     let mut acc = 0u64;
     for i in 0..n {
         acc = acc.wrapping_add(ustrace_fprobe::bench::trampoline_floor_call(
+            black_box(i),
+            7,
+        ));
+    }
+    black_box(acc);
+}
+
+/// `call_loop` through the entry-and-return floor trampolines.
+#[inline(never)]
+fn floor_exit_loop(n: u64) {
+    let mut acc = 0u64;
+    for i in 0..n {
+        acc = acc.wrapping_add(ustrace_fprobe::bench::trampoline_floor_exit_call(
             black_box(i),
             7,
         ));
@@ -860,6 +877,17 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         let t = time_per_op(n, reps, infallible(floor_loop))?;
         push("fprobe_trampoline_floor", t.ns_per_op, "call_loop", None);
     }
+    if wanted("fprobe_trampoline_floor_exit") {
+        ustrace_fprobe::bench::prepare_trampoline_floor_exit()
+            .map_err(|e| format!("fprobe_trampoline_floor_exit: {e}"))?;
+        let t = time_per_op(n, reps, infallible(floor_exit_loop))?;
+        push(
+            "fprobe_trampoline_floor_exit",
+            t.ns_per_op,
+            "call_loop",
+            None,
+        );
+    }
 
     crate::bench_ftrace::figures(n, reps, &wanted, &mut push)?;
 
@@ -991,6 +1019,7 @@ mod tests {
                 "fprobe_entry",
                 "fprobe_entry_exit",
                 "fprobe_trampoline_floor",
+                "fprobe_trampoline_floor_exit",
                 "fprobe_event_2args"
             ]
         );

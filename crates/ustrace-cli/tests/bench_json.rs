@@ -149,6 +149,7 @@ fn filter_by_each_name_prints_exactly_that_figure() {
             "fprobe_entry",
             "fprobe_entry_exit",
             "fprobe_trampoline_floor",
+            "fprobe_trampoline_floor_exit",
             "fprobe_event_2args"
         ]
     );

@@ -1,14 +1,22 @@
-//! The floor under an fprobe hit, for `ustrace bench` (`fprobe_trampoline_floor`).
+//! The floors under an fprobe hit, for `ustrace bench` (`fprobe_trampoline_floor`,
+//! `fprobe_trampoline_floor_exit`).
 //!
 //! [`trampoline_floor_call`] is a function like the one the fprobe figures probe, patched
 //! (once, by [`prepare_trampoline_floor`]) exactly as a probed function is: a `jmp` to an
-//! entry stub (`mov r11, &Site; jmp`), the entry trampoline's code saving the whole
-//! [`PtRegs`](crate::PtRegs) frame and `xmm0`-`xmm7`, a call, the restore, `jmp [r11]` to the
-//! relocated prologue and its jump back into the body. Only the call differs: an empty
-//! `extern "C"` function instead of the dispatcher (both trampolines are expanded from one
-//! macro, so the floor follows every change to the real one). The time it adds to a plain
-//! call is what any sound user-space entry probe pays with this register frame before doing
-//! any work; the dispatcher and the handler come on top of it.
+//! entry stub (`push r11; mov r11, &Site; jmp`), the entry trampoline's code saving every
+//! general-purpose register and `xmm0`-`xmm15`, a call, the restore, `jmp [r11]` to the
+//! relocated prologue (which pops the caller's `r11`) and its jump back into the body. Only
+//! the call differs: an empty `extern "C"` function instead of the dispatcher (the
+//! trampolines are expanded from one macro, so the floor follows every change to the real
+//! one). The time it adds to a plain call is what any sound user-space entry probe pays with
+//! this register frame before doing any work; the dispatcher and the handler come on top.
+//!
+//! [`trampoline_floor_exit_call`] is the same for a probe on both entry and return: its
+//! entry trampoline calls a function that only keeps the return address on a per-thread
+//! stack and writes the return trampoline over it, and the return trampoline (expanded from
+//! the real one's macro, saving the same registers) calls one that only puts it back. That
+//! is the least any return probe with this frame does; the shadow stack's bookkeeping, the
+//! quiescence counter and the handlers come on top.
 //!
 //! Not part of the API: hidden from the docs, kept stable only for the bench.
 
@@ -26,23 +34,45 @@ pub extern "C" fn trampoline_floor_call(a: u64, b: u64) -> u64 {
     black_box(a.wrapping_mul(31) ^ b)
 }
 
+/// The entry-and-return floor's target: the body of [`trampoline_floor_call`] with another
+/// factor (`a * 37 ^ b`; the same body would be merged into one function by the optimiser).
+/// Call [`prepare_trampoline_floor_exit`] first; before that it is a plain call.
+#[export_name = "ustrace_fprobe_trampoline_floor_exit_call"]
+#[inline(never)]
+pub extern "C" fn trampoline_floor_exit_call(a: u64, b: u64) -> u64 {
+    black_box(a.wrapping_mul(37) ^ b)
+}
+
 /// Patches [`trampoline_floor_call`] to go through the floor trampoline (the first call does
 /// it; later ones return the first one's result). Once this returned `Ok`, every call of it
 /// runs the floor trampoline.
 pub fn prepare_trampoline_floor() -> Result<(), Error> {
     static DONE: OnceLock<Result<usize, Error>> = OnceLock::new();
-    DONE.get_or_init(|| {
-        let f = trampoline_floor_call as extern "C" fn(u64, u64) -> u64 as usize;
-        let size = ustrace_inspect::symbols::inventory()
-            .lookup(f)
-            .filter(|(_, off)| *off == 0)
-            .map(|(s, _)| s.size)
-            .filter(|&n| n > 0);
-        crate::arch::attach_floor(f, size)
-    })
-    .as_ref()
-    .map(|_| ())
-    .map_err(Clone::clone)
+    let f = trampoline_floor_call as extern "C" fn(u64, u64) -> u64 as usize;
+    DONE.get_or_init(|| attach_floor(f, false))
+        .as_ref()
+        .map(|_| ())
+        .map_err(Clone::clone)
+}
+
+/// Patches [`trampoline_floor_exit_call`] to go through the entry-and-return floor
+/// trampolines, as [`prepare_trampoline_floor`] does for the entry floor.
+pub fn prepare_trampoline_floor_exit() -> Result<(), Error> {
+    static DONE: OnceLock<Result<usize, Error>> = OnceLock::new();
+    let f = trampoline_floor_exit_call as extern "C" fn(u64, u64) -> u64 as usize;
+    DONE.get_or_init(|| attach_floor(f, true))
+        .as_ref()
+        .map(|_| ())
+        .map_err(Clone::clone)
+}
+
+fn attach_floor(f: usize, hook_return: bool) -> Result<usize, Error> {
+    let size = ustrace_inspect::symbols::inventory()
+        .lookup(f)
+        .filter(|(_, off)| *off == 0)
+        .map(|(s, _)| s.size)
+        .filter(|&n| n > 0);
+    crate::arch::attach_floor(f, size, hook_return)
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -108,7 +138,7 @@ mod tests {
     fn the_floor_trampoline_returns_the_value_and_keeps_every_argument_register() {
         let plain = floor_xmm(1, 2, 3, 4, 5, 6, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8);
         let f = floor_xmm as *const () as usize;
-        let at = match crate::arch::attach_floor(f, None) {
+        let at = match crate::arch::attach_floor(f, None, false) {
             Ok(at) => at,
             Err(e) => {
                 println!("skipped: cannot patch here: {e}");
@@ -164,5 +194,83 @@ mod tests {
         }
         // Preparing again is a no-op that reports the same success.
         prepare_trampoline_floor().unwrap();
+    }
+
+    /// Recursive, so that hooked returns nest (deeper than the floor's stack of return
+    /// addresses at 40: the deepest calls run unhooked).
+    #[inline(never)]
+    #[export_name = "ustrace_fprobe_floor_test_nest"]
+    extern "C" fn nest(depth: u64) -> u64 {
+        if depth == 0 {
+            return 1;
+        }
+        let again: extern "C" fn(u64) -> u64 = black_box(nest);
+        again(depth - 1).wrapping_mul(3).wrapping_add(depth)
+    }
+
+    fn nest_want(depth: u64) -> u64 {
+        (1..=depth).fold(1u64, |acc, d| acc.wrapping_mul(3).wrapping_add(d))
+    }
+
+    #[test]
+    fn the_exit_floor_returns_to_the_caller_with_every_register_and_the_value() {
+        let f = floor_xmm as *const () as usize;
+        let at = match crate::arch::attach_floor(f, None, true) {
+            Ok(at) => at,
+            Err(e) => {
+                println!("skipped: cannot patch here: {e}");
+                return;
+            }
+        };
+        assert!(is_patched(at), "the floor site was not patched");
+        for i in 0..1000u64 {
+            let xs = [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5].map(|x: f64| x + i as f64);
+            let want = floor_args(1 + i, 2 + i, 3, 4, 5, 6 * i, xs, 8 + i);
+            let got = floor_xmm(
+                1 + i,
+                2 + i,
+                3,
+                4,
+                5,
+                6 * i,
+                xs[0],
+                xs[1],
+                xs[2],
+                xs[3],
+                xs[4],
+                xs[5],
+                xs[6],
+                xs[7],
+                8 + i,
+            );
+            assert_eq!(got.to_bits(), want.to_bits(), "call {i}");
+        }
+        let f = nest as extern "C" fn(u64) -> u64 as usize;
+        match crate::arch::attach_floor(f, None, true) {
+            Ok(at) => assert!(is_patched(at), "the nesting site was not patched"),
+            Err(e) => {
+                println!("skipped: cannot patch here: {e}");
+                return;
+            }
+        }
+        for depth in [0, 1, 5, 15, 16, 17, 40] {
+            assert_eq!(nest(black_box(depth)), nest_want(depth), "depth {depth}");
+        }
+        if let Err(e) = prepare_trampoline_floor_exit() {
+            println!("skipped: cannot patch here: {e}");
+            return;
+        }
+        let f = trampoline_floor_exit_call as extern "C" fn(u64, u64) -> u64 as usize;
+        let at = ustrace_inspect::symbols::inventory()
+            .lookup(f)
+            .map(|(s, _)| s.addr)
+            .unwrap_or(f);
+        assert!(is_patched(at) || is_patched(at + 4), "not patched");
+        for i in 0..1000u64 {
+            assert_eq!(
+                trampoline_floor_exit_call(black_box(i), 7),
+                i.wrapping_mul(37) ^ 7
+            );
+        }
     }
 }

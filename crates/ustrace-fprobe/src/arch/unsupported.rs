@@ -109,7 +109,11 @@ pub(crate) fn code_bytes() -> usize {
     0
 }
 
-pub(crate) fn attach_floor(_func: usize, _size: Option<usize>) -> Result<usize, Error> {
+pub(crate) fn attach_floor(
+    _func: usize,
+    _size: Option<usize>,
+    _hook_return: bool,
+) -> Result<usize, Error> {
     Err(Error::Unsupported(WHY.into()))
 }
 

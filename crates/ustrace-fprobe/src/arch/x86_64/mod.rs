@@ -160,12 +160,18 @@ pub(crate) fn unpatch_sites(
     text_poke::poke_batch(&pokes, guard)
 }
 
-/// Patches `func` (of `size` bytes when known) for good to enter the floor trampoline of
-/// [`crate::bench`]: the entry trampoline with an empty function for a dispatcher, reached
-/// and left through a site built as every probed function's is. Returns the patched address.
+/// Patches `func` (of `size` bytes when known) for good to enter a floor trampoline of
+/// [`crate::bench`]: the entry trampoline with an empty function for a dispatcher, or with
+/// `hook_return` one that only hooks the return into the return trampoline with an empty
+/// exit dispatcher; reached and left through a site built as every probed function's is.
+/// Returns the patched address.
 /// Only for functions of the probe machinery itself (`notrace` by name), which no fprobe can
 /// patch: nothing else ever owns that site.
-pub(crate) fn attach_floor(func: usize, size: Option<usize>) -> Result<usize, Error> {
+pub(crate) fn attach_floor(
+    func: usize,
+    size: Option<usize>,
+    hook_return: bool,
+) -> Result<usize, Error> {
     let inventory = ustrace_inspect::symbols::inventory();
     let symbols = inventory.functions();
     let prologue =
@@ -181,7 +187,11 @@ pub(crate) fn attach_floor(func: usize, size: Option<usize>) -> Result<usize, Er
     let code = trampoline::build_site(
         prologue,
         site as *const crate::dispatch::Site as usize,
-        trampoline::floor_trampoline(),
+        if hook_return {
+            trampoline::floor_hook_trampoline()
+        } else {
+            trampoline::floor_trampoline()
+        },
     )
     .map_err(Error::Refused)?;
     site.orig_stub

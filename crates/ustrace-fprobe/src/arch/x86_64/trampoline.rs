@@ -209,12 +209,13 @@ macro_rules! restore_scratch {
     };
 }
 
-/// The entry trampoline's code as `$name`, calling `$dispatch(site, regs) -> bool`. The real
-/// trampoline and the bench's floor trampoline ([`crate::bench`]) are both expanded from
-/// here, so the floor figure measures exactly the instructions a hit runs around the
-/// dispatcher call.
+/// The entry trampoline's code as `$name`, calling `$dispatch(site, regs) -> bool` and, for a
+/// hooked call, leaving through `$call_hooked` (the one placed just before the return
+/// trampoline the dispatcher wrote into the slot). The real trampoline and the bench's floor
+/// trampolines ([`crate::bench`]) are all expanded from here, so the floor figures measure
+/// exactly the instructions a hit runs around the dispatcher call.
 macro_rules! entry_trampoline {
-    ($name:literal, $dispatch:path) => {
+    ($name:literal, $dispatch:path, $call_hooked:literal) => {
         std::arch::global_asm!(
             ".pushsection .text.ustrace_fprobe_trampolines,\"ax\",@progbits",
             ".balign 16",
@@ -270,7 +271,7 @@ macro_rules! entry_trampoline {
             "add rsp, 8",
             ".cfi_def_cfa_offset 0",
             ".cfi_undefined rip",
-            "jmp ustrace_fprobe_call_hooked",
+            concat!("jmp ", $call_hooked),
             ".cfi_endproc",
             concat!(".size ", $name, ", . - ", $name),
             ".popsection",
@@ -281,33 +282,97 @@ macro_rules! entry_trampoline {
 
 entry_trampoline!(
     "ustrace_fprobe_entry_trampoline",
-    crate::dispatch::entry_shim
+    crate::dispatch::entry_shim,
+    "ustrace_fprobe_call_hooked"
 );
-entry_trampoline!("ustrace_fprobe_floor_trampoline", floor_dispatch);
+entry_trampoline!(
+    "ustrace_fprobe_floor_trampoline",
+    floor_dispatch,
+    "ustrace_fprobe_floor_call_hooked"
+);
+entry_trampoline!(
+    "ustrace_fprobe_floor_hook_trampoline",
+    floor_hook_dispatch,
+    "ustrace_fprobe_floor_call_hooked"
+);
 
 /// The floor trampoline's dispatcher: nothing, and "not hooked".
 extern "C" fn floor_dispatch(_site: *const crate::dispatch::Site, _regs: *mut PtRegs) -> bool {
     false
 }
 
+/// The least an entry that hooks its return must do: keep the real return address (on a
+/// per-thread stack of return addresses) and put the floor return trampoline in its slot.
+/// Paired with [`floor_exit_dispatch`]. A call nested deeper than the stack runs unhooked.
+extern "C" fn floor_hook_dispatch(_site: *const crate::dispatch::Site, regs: *mut PtRegs) -> bool {
+    FLOOR_RETURNS.with(|stack| {
+        let depth = stack.depth.get();
+        let Some(slot) = stack.returns.get(depth) else {
+            return false;
+        };
+        // SAFETY: `regs` is the trampoline's frame; its `sp` points at this call's return
+        // address, which the probed function's `ret` will consume: it is kept here and the
+        // floor return trampoline goes in its place (put back by `floor_exit_dispatch`).
+        unsafe {
+            let sp = (*regs).sp as *mut usize;
+            slot.set(sp.read());
+            sp.write(ustrace_fprobe_floor_return_trampoline as *const () as usize);
+        }
+        stack.depth.set(depth + 1);
+        true
+    })
+}
+
+/// The floor return trampoline's dispatcher: put the real return address back.
+extern "C" fn floor_exit_dispatch(regs: *mut PtRegs) {
+    FLOOR_RETURNS.with(|stack| {
+        let depth = stack.depth.get() - 1;
+        // SAFETY: the return trampoline's frame; its `sp` is the slot its `ret` takes.
+        unsafe { ((*regs).sp as *mut usize).write(stack.returns[depth].get()) };
+        stack.depth.set(depth);
+    })
+}
+
+/// The floor figures' return addresses of one thread (the bench's calls are not nested, but
+/// a test may nest them).
+struct FloorReturns {
+    depth: std::cell::Cell<usize>,
+    returns: [std::cell::Cell<usize>; 16],
+}
+
+thread_local! {
+    static FLOOR_RETURNS: FloorReturns = const {
+        FloorReturns {
+            depth: std::cell::Cell::new(0),
+            returns: [const { std::cell::Cell::new(0) }; 16],
+        }
+    };
+}
+
+/// A return trampoline as `$name`, calling `$exit(regs)`, which must write the real return
+/// address into `regs.sp`'s slot; `$call_hooked` is placed just before it (see the hooked
+/// path of `entry_trampoline!`). The real one and the bench's floor one are both expanded
+/// from here.
+macro_rules! return_trampoline {
+    ($name:literal, $exit:path, $call_hooked:literal) => {
 std::arch::global_asm!(
     ".pushsection .text.ustrace_fprobe_trampolines,\"ax\",@progbits",
     // The call's return address is return_trampoline itself, so an unwinder that looks up
     // (return_trampoline - 1) lands here, where the return address is undefined: it stops
     // instead of applying someone else's rules.
     ".balign 16",
-    ".globl ustrace_fprobe_call_hooked",
-    ".hidden ustrace_fprobe_call_hooked",
-    "ustrace_fprobe_call_hooked:",
+    concat!(".globl ", $call_hooked),
+    concat!(".hidden ", $call_hooked),
+    concat!($call_hooked, ":"),
     ".cfi_startproc",
     ".cfi_def_cfa rsp, 0",
     ".cfi_undefined rip",
     "call qword ptr [rsp - 8]",
     ".cfi_endproc",
-    ".globl ustrace_fprobe_return_trampoline",
-    ".hidden ustrace_fprobe_return_trampoline",
-    ".type ustrace_fprobe_return_trampoline,@function",
-    "ustrace_fprobe_return_trampoline:",
+    concat!(".globl ", $name),
+    concat!(".hidden ", $name),
+    concat!(".type ", $name, ",@function"),
+    concat!($name, ":"),
     ".cfi_startproc",
     ".cfi_def_cfa rsp, 0",
     ".cfi_undefined rip",
@@ -327,15 +392,30 @@ std::arch::global_asm!(
     // trampoline's `call`; the caller's is next, and this `ret` uses it.
     "ret",
     ".cfi_endproc",
-    ".size ustrace_fprobe_return_trampoline, . - ustrace_fprobe_return_trampoline",
+    concat!(".size ", $name, ", . - ", $name),
     ".popsection",
-    exit = sym crate::dispatch::exit_shim,
+    exit = sym $exit,
+);
+    };
+}
+
+return_trampoline!(
+    "ustrace_fprobe_return_trampoline",
+    crate::dispatch::exit_shim,
+    "ustrace_fprobe_call_hooked"
+);
+return_trampoline!(
+    "ustrace_fprobe_floor_return_trampoline",
+    floor_exit_dispatch,
+    "ustrace_fprobe_floor_call_hooked"
 );
 
 extern "C" {
     fn ustrace_fprobe_entry_trampoline();
     fn ustrace_fprobe_floor_trampoline();
+    fn ustrace_fprobe_floor_hook_trampoline();
     fn ustrace_fprobe_return_trampoline();
+    fn ustrace_fprobe_floor_return_trampoline();
 }
 
 /// Address the dispatcher writes over a hooked return address.
@@ -350,6 +430,12 @@ pub(crate) fn entry_trampoline() -> usize {
 /// The bench's floor trampoline: the entry trampoline calling an empty function.
 pub(crate) fn floor_trampoline() -> usize {
     ustrace_fprobe_floor_trampoline as *const () as usize
+}
+
+/// The bench's entry-and-return floor trampoline: the entry trampoline calling a function
+/// that only hooks the return, to the return trampoline calling one that only unhooks it.
+pub(crate) fn floor_hook_trampoline() -> usize {
+    ustrace_fprobe_floor_hook_trampoline as *const () as usize
 }
 
 // ---------------------------------------------------------------------------------------------
