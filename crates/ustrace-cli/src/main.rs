@@ -278,7 +278,10 @@ fn main() -> ExitCode {
             Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),
             Err(e) => Err(e),
         },
-        Command::Record(args) => record::run(args),
+        Command::Record(args) => match record::run(args) {
+            Ok(code) => return ExitCode::from(code),
+            Err(e) => Err(e),
+        },
         Command::Report(args) => report::run(args),
         Command::Stream(args) => stream::run(args),
         Command::Export(args) => export::run(args),

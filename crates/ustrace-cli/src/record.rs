@@ -94,8 +94,10 @@ pub struct RecordArgs {
     pub command: Vec<OsString>,
 }
 
-/// `ustrace record`.
-pub fn run(args: RecordArgs) -> Result<(), String> {
+/// `ustrace record`. Returns the exit status for ustrace itself: the command's own (128 plus
+/// the signal's number when a signal ended it, as a shell reports it), so a script that
+/// records a failing command still sees it fail; 0 for `-P`.
+pub fn run(args: RecordArgs) -> Result<u8, String> {
     // -f and -R bind to the -e before them, which clap's per-flag lists forget: read the
     // order from the command line itself.
     let raw: Vec<String> = std::env::args()
@@ -118,7 +120,7 @@ pub fn run(args: RecordArgs) -> Result<(), String> {
             Err(e) => return Err(format!("-F: cannot find the program of {pid}: {e}")),
         };
         let lines = plan.setup_lines(&funcs)?;
-        return record_pid(pid, &lines, &opts);
+        return record_pid(pid, &lines, &opts).map(|()| 0);
     }
     if args.command.is_empty() {
         return Err("nothing to record: give a command after `--`, or -P PID".into());
@@ -213,7 +215,7 @@ fn record_command(
     agent: &Path,
     lines: &[String],
     opts: &drain::Options,
-) -> Result<(), String> {
+) -> Result<u8, String> {
     let tmp = TempDir::new()?;
     let setup = tmp.0.join("setup");
     let errors = tmp.0.join("errors");
@@ -283,7 +285,7 @@ fn record_command(
 
     // The agent serves before `main`, then waits for us.
     let start = Instant::now();
-    let client = loop {
+    let mut client = loop {
         if let Ok(socket) = ustrace_ctl::discover::find_socket(pid) {
             if let Ok(c) = Client::connect_path(&socket) {
                 break c;
@@ -322,7 +324,6 @@ fn record_command(
             failed.trim_end()
         ));
     }
-    let mut client = client;
     if opts.summary {
         say_unpatched(&mut client, lines);
     }
@@ -338,7 +339,19 @@ fn record_command(
         }
     };
     let status = session.run(drain::Until::Child(&mut child))?;
-    session.finish(status.map(|s| describe_status(&s)))
+    session.finish(status.map(|s| describe_status(&s)))?;
+    Ok(status.map_or(0, |s| shell_status(&s)))
+}
+
+/// The status a shell gives a command that ended so: its exit code, or 128 plus the number
+/// of the signal that killed it.
+fn shell_status(status: &std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
+        _ => 1,
+    }
 }
 
 /// With a function tracer in the setup, says which of the functions it selects could not be

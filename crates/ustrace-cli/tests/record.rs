@@ -96,7 +96,8 @@ fn sigkill_mid_run_leaves_every_event_in_the_file() {
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
     let output = rec.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "record failed: {stderr}");
+    // The trace is saved, and record ends as its command did: killed by signal 9.
+    assert_eq!(output.status.code(), Some(128 + 9), "record: {stderr}");
     let (_, started, done) = counts(&shared);
 
     let reader = Reader::open(&out).unwrap();
@@ -217,6 +218,55 @@ fn a_program_that_exits_at_once_leaves_its_events_and_its_status() {
     let reader = Reader::open(&out).unwrap();
     let names: Vec<String> = reader.events().map(|e| e.unwrap().name).collect();
     assert_eq!(names, ["one__entry", "one__exit"].repeat(3));
+}
+
+/// Calls `one` twice, then exits with the status its argument names, or dies of SIGTERM.
+const ENDS_AS_TOLD: &str = r#"
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+__attribute__((noinline)) int one(int i) { return i * 3 + 1; }
+
+int main(int argc, char **argv) {
+    volatile int sink = one(1) + one(2);
+    (void)sink;
+    if (argc > 1 && strcmp(argv[1], "term") == 0) raise(SIGTERM);
+    return argc > 1 ? atoi(argv[1]) : 0;
+}
+"#;
+
+/// As `perf record` and a shell do, `record` ends with its command's status (128 + the
+/// signal when one killed it), after the trace is saved: a script that records a failing
+/// command still sees it fail.
+#[test]
+fn record_ends_with_the_status_of_its_command() {
+    let Some(env) = Env::new("status") else {
+        return;
+    };
+    let prog = env.cc("ends", ENDS_AS_TOLD);
+    for (arg, code, says) in [
+        ("0", 0, "exited with status 0"),
+        ("3", 3, "exited with status 3"),
+        ("term", 128 + 15, "killed by signal 15"),
+    ] {
+        let out = env.dir.join(format!("status-{arg}.dat"));
+        let output = env
+            .record()
+            .args(["-F", "one", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&prog)
+            .arg(arg)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{arg}: {stderr}");
+        assert!(stderr.contains(says), "{arg}: {stderr}");
+        let reader = Reader::open(&out).unwrap();
+        let names: Vec<String> = reader.events().map(|e| e.unwrap().name).collect();
+        assert_eq!(names, ["one__entry", "one__exit"].repeat(2), "{arg}");
+    }
 }
 
 #[test]
