@@ -106,6 +106,9 @@ pub struct BenchArgs {
     /// uprobes, the `tracing` crate) on the same C workload, in this run.
     #[arg(long, conflicts_with_all = ["filter", "scale"])]
     pub peers: bool,
+    /// With `--peers`: the table as Markdown, with a sentence per row (as in the README).
+    #[arg(long, requires = "peers", conflicts_with = "json")]
+    pub markdown: bool,
     /// Print how the cost grows with the work: events enabled, functions probed, writer
     /// threads, filter predicates, functions attached.
     #[arg(long, conflicts_with = "filter")]
@@ -116,6 +119,7 @@ impl BenchArgs {
     fn settings(&self) -> Settings {
         Settings {
             json: self.json,
+            markdown: self.markdown,
             iterations: self.iterations,
             repetitions: self.repetitions,
         }

@@ -12,6 +12,8 @@ use ustrace_ringbuf::RingBuffer;
 pub(crate) struct Settings {
     /// One JSON object per line instead of a table.
     pub(crate) json: bool,
+    /// A Markdown table (`--peers` only).
+    pub(crate) markdown: bool,
     /// Operations per timed repetition.
     pub(crate) iterations: u64,
     /// Repetitions per figure (the median is reported).

@@ -73,6 +73,64 @@ fn compared_with(name: &str) -> Option<&'static str> {
     })
 }
 
+/// What a row measures, in a sentence (the `--markdown` table's second column).
+fn what(name: &str) -> &'static str {
+    match name {
+        "ustrace_fprobe_entry" => {
+            "ustrace: fprobe on `work` (Rust API), entry handler that does nothing"
+        }
+        "ustrace_fprobe_entry_exit" => "ustrace: fprobe, entry and exit handlers",
+        "ustrace_dynevent_entry" => "ustrace: `f:` event on `work` via `dynamic_events`, recorded",
+        "ustrace_dynevent_entry_2args" => "ustrace: `f:` event with `a=$arg1 b=$arg2`, recorded",
+        "ustrace_dynevent_entry_exit" => "ustrace: `f:` entry + `%return` events, recorded",
+        "ustrace_dynevent_entry_exit_args" => {
+            "ustrace: the same with `a=$arg1 b=$arg2` and `ret=$retval`"
+        }
+        "ustrace_event_3ints" => {
+            "ustrace: `trace_event!` of three integers beside the call, recorded"
+        }
+        "uftrace_pg_entry_exit" => "uftrace, `-pg` build, entry + exit",
+        "uftrace_pg_entry_exit_args" => "uftrace, `-pg`, `-A work@arg1,arg2 -R work@retval`",
+        "uftrace_fpe_entry_exit" => "uftrace, `-fpatchable-function-entry=5` build (`-P work`)",
+        "uftrace_fpe_entry_exit_args" => "uftrace, patchable entry, with `-A`/`-R`",
+        "uprobe_entry" => "kernel uprobe (`p:`) on `work`, recorded in a kernel instance",
+        "uprobe_entry_return" => "kernel uprobe `p:` + uretprobe `r:`",
+        "lttng_ust_3ints" => "LTTng-UST tracepoint of three integers, snapshot session active",
+        "tracing_null_3ints" => "`tracing` crate event, subscriber that does nothing",
+        "tracing_fmt_sink_3ints" => "`tracing` crate event, fmt layer writing to a sink",
+        "c_call_loop" => "baseline: the C loop calling `work` (loaded shared object)",
+        "rust_call_loop" => "baseline: the Rust loop calling `work`",
+        _ => "",
+    }
+}
+
+/// The `--markdown` table's header.
+const MARKDOWN_HEADER: &str = "| row | what | ns/op | overhead ns | compared with | ratio |\n\
+                               | --- | --- | ---: | ---: | --- | ---: |";
+
+/// One row of the `--markdown` table: measured (with the row it is compared with and that
+/// row's ns/op, when there is one), or skipped with the reason. A baseline row shows no
+/// overhead: it is the loop the others are read against.
+fn markdown_row(name: &str, outcome: Result<&Measured, &str>, vs: Option<(&str, f64)>) -> String {
+    let m = match outcome {
+        Ok(m) => m,
+        Err(why) => return format!("| `{name}` | {} | skipped: {why} |  |  |  |", what(name)),
+    };
+    let overhead = if m.baseline == name {
+        String::new()
+    } else {
+        format!("{:.1}", m.ns_per_op - m.baseline_ns_per_op)
+    };
+    let (vs, ratio) = vs
+        .map(|(v, ns)| (format!("`{v}`"), format!("{:.2}", m.ns_per_op / ns)))
+        .unwrap_or_default();
+    format!(
+        "| `{name}` | {} | {:.1} | {overhead} | {vs} | {ratio} |",
+        what(name),
+        m.ns_per_op
+    )
+}
+
 ustrace::trace_event! {
     /// The event of the `--peers` event workload: three integers.
     fn ustrace_peers::ints3(a: u64, b: u64, c: u64) {
@@ -897,6 +955,17 @@ pub fn run(args: &Settings) -> Result<(), String> {
             .find(|r| r.name == name)
             .and_then(|r| r.outcome.as_ref().ok())
     };
+    if args.markdown {
+        outln!("{MARKDOWN_HEADER}");
+        for row in &rows {
+            let vs = compared_with(row.name).and_then(|v| find(v).map(|o| (v, o.ns_per_op)));
+            outln!(
+                "{}",
+                markdown_row(row.name, row.outcome.as_ref().map_err(|e| e.as_str()), vs)
+            );
+        }
+        return Ok(());
+    }
     if !args.json {
         outln!(
             "{:<34} {:>10} {:>10} {:>10} {:>9}  {:<34} (ratio: ns/op over the compared row's; median of {} reps)",
@@ -962,4 +1031,61 @@ pub fn run(args: &Settings) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_says_what_it_measures() {
+        for name in NAMES {
+            assert!(!what(name).is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn markdown_rows_carry_the_figures_the_ratio_and_the_reason_of_a_skip() {
+        let m = Measured {
+            ns_per_op: 95.04,
+            baseline: "c_call_loop",
+            baseline_ns_per_op: 1.44,
+            iterations: 200_000,
+        };
+        assert_eq!(
+            markdown_row(
+                "uftrace_pg_entry_exit",
+                Ok(&m),
+                Some(("ustrace_dynevent_entry_exit", 61.7))
+            ),
+            "| `uftrace_pg_entry_exit` | uftrace, `-pg` build, entry + exit | 95.0 | 93.6 \
+             | `ustrace_dynevent_entry_exit` | 1.54 |"
+        );
+        let base = Measured {
+            ns_per_op: 1.9,
+            baseline: "c_call_loop",
+            baseline_ns_per_op: 1.9,
+            iterations: 2_000_000,
+        };
+        assert_eq!(
+            markdown_row("c_call_loop", Ok(&base), None),
+            "| `c_call_loop` | baseline: the C loop calling `work` (loaded shared object) \
+             | 1.9 |  |  |  |"
+        );
+        assert_eq!(
+            markdown_row("lttng_ust_3ints", Err("lttng-tools is not installed"), None),
+            "| `lttng_ust_3ints` | LTTng-UST tracepoint of three integers, snapshot session \
+             active | skipped: lttng-tools is not installed |  |  |  |"
+        );
+        let columns = MARKDOWN_HEADER.lines().next().unwrap().matches('|').count();
+        for line in MARKDOWN_HEADER.lines() {
+            assert_eq!(line.matches('|').count(), columns, "{line}");
+        }
+        assert_eq!(
+            markdown_row("uprobe_entry", Ok(&m), None)
+                .matches('|')
+                .count(),
+            columns
+        );
+    }
 }
