@@ -404,25 +404,23 @@ fn call_loop(n: u64) {
 /// `call_loop` through the floor trampoline.
 #[inline(never)]
 fn floor_loop(n: u64) {
-    let mut acc = 0u64;
-    for i in 0..n {
-        acc = acc.wrapping_add(ustrace_fprobe::bench::trampoline_floor_call(
-            black_box(i),
-            7,
-        ));
-    }
-    black_box(acc);
+    sum_of_calls(n, |a, b| ustrace_fprobe::bench::trampoline_floor_call(a, b));
 }
 
 /// `call_loop` through the entry-and-return floor trampolines.
 #[inline(never)]
 fn floor_exit_loop(n: u64) {
+    sum_of_calls(n, |a, b| {
+        ustrace_fprobe::bench::trampoline_floor_exit_call(a, b)
+    });
+}
+
+/// `call_loop`'s body for another function, called directly (inlined into each loop).
+#[inline(always)]
+fn sum_of_calls(n: u64, f: impl Fn(u64, u64) -> u64) {
     let mut acc = 0u64;
     for i in 0..n {
-        acc = acc.wrapping_add(ustrace_fprobe::bench::trampoline_floor_exit_call(
-            black_box(i),
-            7,
-        ));
+        acc = acc.wrapping_add(f(black_box(i), 7));
     }
     black_box(acc);
 }
