@@ -174,26 +174,32 @@ mod tests {
         check_every_argument_register::<0>(false);
     }
 
-    #[test]
-    fn the_floor_call_computes_its_body_through_the_trampoline() {
-        if let Err(e) = prepare_trampoline_floor() {
+    /// Prepares a bench target, then checks that it is patched and computes `a * factor ^ b`.
+    fn check_bench_target(
+        prepare: fn() -> Result<(), Error>,
+        target: extern "C" fn(u64, u64) -> u64,
+        factor: u64,
+    ) {
+        if let Err(e) = prepare() {
             println!("skipped: cannot patch here: {e}");
             return;
         }
-        let f = trampoline_floor_call as extern "C" fn(u64, u64) -> u64 as usize;
+        let f = target as usize;
         let at = ustrace_inspect::symbols::inventory()
             .lookup(f)
             .map(|(s, _)| s.addr)
             .unwrap_or(f);
         assert!(is_patched(at) || is_patched(at + 4), "not patched");
         for i in 0..1000u64 {
-            assert_eq!(
-                trampoline_floor_call(black_box(i), 7),
-                i.wrapping_mul(31) ^ 7
-            );
+            assert_eq!(target(black_box(i), 7), i.wrapping_mul(factor) ^ 7);
         }
         // Preparing again is a no-op that reports the same success.
-        prepare_trampoline_floor().unwrap();
+        prepare().unwrap();
+    }
+
+    #[test]
+    fn the_floor_call_computes_its_body_through_the_trampoline() {
+        check_bench_target(prepare_trampoline_floor, trampoline_floor_call, 31);
     }
 
     /// Recursive, so that hooked returns nest (deeper than the floor's stack of return
@@ -227,21 +233,10 @@ mod tests {
         for depth in [0, 1, 5, 15, 16, 17, 40] {
             assert_eq!(nest(black_box(depth)), nest_want(depth), "depth {depth}");
         }
-        if let Err(e) = prepare_trampoline_floor_exit() {
-            println!("skipped: cannot patch here: {e}");
-            return;
-        }
-        let f = trampoline_floor_exit_call as extern "C" fn(u64, u64) -> u64 as usize;
-        let at = ustrace_inspect::symbols::inventory()
-            .lookup(f)
-            .map(|(s, _)| s.addr)
-            .unwrap_or(f);
-        assert!(is_patched(at) || is_patched(at + 4), "not patched");
-        for i in 0..1000u64 {
-            assert_eq!(
-                trampoline_floor_exit_call(black_box(i), 7),
-                i.wrapping_mul(37) ^ 7
-            );
-        }
+        check_bench_target(
+            prepare_trampoline_floor_exit,
+            trampoline_floor_exit_call,
+            37,
+        );
     }
 }
