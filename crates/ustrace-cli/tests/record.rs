@@ -190,6 +190,26 @@ fn trace_cmd_report(file: &Path) -> Option<Vec<String>> {
     )
 }
 
+/// `ustrace record -F one -o OUT -- PROG ARGS...`: its output and its stderr as text.
+fn record_calls_of_one(
+    env: &Env,
+    out: &Path,
+    prog: &Path,
+    args: &[&std::ffi::OsStr],
+) -> (std::process::Output, String) {
+    let output = env
+        .record()
+        .args(["-F", "one", "-o"])
+        .arg(out)
+        .arg("--")
+        .arg(prog)
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output, stderr)
+}
+
 #[test]
 fn a_program_that_exits_at_once_leaves_its_events_and_its_status() {
     let Some(env) = Env::new("short") else { return };
@@ -197,17 +217,8 @@ fn a_program_that_exits_at_once_leaves_its_events_and_its_status() {
     let shared = env.dir.join("counts");
     std::fs::write(&shared, vec![0u8; 4096]).unwrap();
     let out = env.dir.join("short.dat");
-    let output = env
-        .record()
-        .args(["-F", "one", "-o"])
-        .arg(&out)
-        .arg("--")
-        .arg(&prog)
-        .arg(&shared)
-        .arg("3")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (output, stderr) =
+        record_calls_of_one(&env, &out, &prog, &[shared.as_os_str(), "3".as_ref()]);
     assert!(output.status.success(), "{stderr}");
     assert!(
         stderr.contains("6 events")
@@ -251,16 +262,7 @@ fn record_ends_with_the_status_of_its_command() {
         ("term", 128 + 15, "killed by signal 15"),
     ] {
         let out = env.dir.join(format!("status-{arg}.dat"));
-        let output = env
-            .record()
-            .args(["-F", "one", "-o"])
-            .arg(&out)
-            .arg("--")
-            .arg(&prog)
-            .arg(arg)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        let (output, stderr) = record_calls_of_one(&env, &out, &prog, &[arg.as_ref()]);
         assert_eq!(output.status.code(), Some(code), "{arg}: {stderr}");
         assert!(stderr.contains(says), "{arg}: {stderr}");
         let reader = Reader::open(&out).unwrap();
