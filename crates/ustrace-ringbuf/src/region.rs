@@ -914,12 +914,18 @@ impl Region {
         writer: Writer,
     ) -> Result<RawReservation, ReserveError> {
         let size = event_size(len) as u64;
+        // The clock once, before the first look at the state, never again in the loop: the
+        // clock may be a library call (`clock_gettime`) with a probe on it, and the probe's
+        // record, nested in this writer, moves the state on. Read inside the loop, every
+        // attempt would meet the probe again and start over for good. A retry keeps this
+        // reading, raised to the newest event's time, so time never runs backwards.
+        let now = clock::now(clock);
         let mut cur = self.load_state();
         loop {
             if cur[0] & CLOSED != 0 {
                 return Err(ReserveError::Closed);
             }
-            let ts = clock::now(clock).max(cur[1]);
+            let ts = now.max(cur[1]);
             let pos = cur[0];
             let (s, off) = (pos / D, pos % D);
             let mut delta = ts - cur[1];

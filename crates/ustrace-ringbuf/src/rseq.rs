@@ -78,6 +78,31 @@ const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 7;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_long = 1 << 8;
 
+/// 0 on success. By the `syscall` instruction, not libc's `syscall()`: a foreign writer
+/// fences owners between its look at the reservation state and its compare-and-swap, and a
+/// probe on a library function called there would record into the same buffer, move the
+/// state on and send the writer round again, into the same probe (see `Region::reserve`).
+#[cfg(target_arch = "x86_64")]
+fn membarrier(cmd: libc::c_long) -> libc::c_long {
+    let ret: libc::c_long;
+    // SAFETY: membarrier takes integers only and touches no user memory; the syscall
+    // instruction clobbers rcx and r11, declared here, and nothing else.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_membarrier => ret,
+            in("rdi") cmd,
+            in("rsi") 0 as libc::c_long,
+            in("rdx") 0 as libc::c_long,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+#[cfg(not(target_arch = "x86_64"))]
 fn membarrier(cmd: libc::c_long) -> libc::c_long {
     // SAFETY: membarrier takes integers only and touches no user memory.
     unsafe {
