@@ -172,3 +172,62 @@ fn the_demos_get_path_draws_its_known_tree() {
     write(&demo, "current_tracer", "nop");
     assert!(trace.contains("demo_shard_lookup <-"), "{trace}");
 }
+
+/// The whole demo with `function_graph` on every function of the process from its start
+/// (`USTRACE_SETUP`): the workload, its trace_marker writes and the trace's own reading all
+/// run traced, and it still serves its requests and ends. It used to spin for ever in its
+/// first marker write (the writer's clock call met the tracer, which recorded into the same
+/// buffer and sent the writer round again).
+#[test]
+fn the_whole_demo_runs_under_function_graph_of_every_function() {
+    let dir = std::env::temp_dir().join(format!("ustrace-fngraph-all-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let setup = dir.join("setup");
+    std::fs::write(&setup, "current_tracer function_graph\n").unwrap();
+    let mut child = Command::new(BIN)
+        .args(["demo", "--seconds", "1", "--workers", "2"])
+        .env("USTRACE_SETUP", &setup)
+        .env("USTRACE_SOCKET_DIR", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .default_signals()
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    // Patching every function of a debug build takes most of this.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!("the demo under function_graph did not end within 240 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = reader.join().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "demo: {status}\n{err}");
+    let last = out.lines().last().unwrap_or_default();
+    let served: u64 = last
+        .strip_prefix("# ")
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no summary line: {last}"));
+    assert!(served > 0 && last.contains("requests served"), "{last}");
+}
