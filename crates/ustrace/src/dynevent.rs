@@ -140,14 +140,24 @@ impl DynEvent {
                     // Every argument a register or a constant: the hit copies words.
                     Some(plan) => Fprobe::builder().entry_handler(
                         move |_fp, entry_ip, _ret_ip, regs, _data| {
-                            let fill =
-                                |record: &mut [u8]| plan.store(entry_ip as u64, regs, record);
+                            // Read before the record path writes the header, which could
+                            // alias the plan for all the compiler knows: then the check
+                            // below folds against the reservation's own length.
+                            let (plan, len) = (&plan, plan.len());
+                            // Everything by value, so that `len` stays the value the
+                            // reservation was asked for.
+                            let fill = move |record: &mut [u8]| {
+                                if record.len() >= len {
+                                    // SAFETY: `len` is the plan's length.
+                                    unsafe { plan.store_unchecked(entry_ip as u64, regs, record) }
+                                }
+                            };
                             // One flag load when the event needs no check; otherwise the
                             // checks `emit` makes, in its order.
                             if let Some(direct) = file.direct() {
-                                direct.record(plan.len(), fill);
+                                direct.record(len, fill);
                             } else if let Some(checked) = file.wanted() {
-                                checked.record(plan.len(), fill);
+                                checked.record(len, fill);
                             }
                             EntryAction::Continue
                         },
@@ -567,8 +577,12 @@ const ARG_REGISTERS: [&str; 6] = ["di", "si", "dx", "cx", "r8", "r9"];
 struct RegisterPlan {
     /// Record bytes, common header included: at least [`RegisterPlan::MIN_LEN`].
     len: usize,
-    /// Whole words (the usual `$argN`, `x64`), with no dispatch on the size.
+    /// Whole words (the usual `$argN`, `x64`), with no dispatch on the size, ended by
+    /// [`WideStore::END`] (a loop whose count is not known ahead is not unrolled: for the
+    /// few arguments of a probe, unrolling cost more than it saved).
     wide: Box<[WideStore]>,
+    /// Whether `narrow` or `consts` has any store: one test on the hit for both.
+    rest: bool,
     /// Narrower register values (`:u32`, `:s16`, `:char`).
     narrow: Box<[NarrowStore]>,
     /// Constants (`\VALUE`, `@SYM`) and registers the frame does not hold (0), usually none.
@@ -578,10 +592,18 @@ struct RegisterPlan {
 /// A register word of a [`RegisterPlan`] stored whole.
 #[derive(Clone, Copy, Debug)]
 struct WideStore {
-    /// Index into [`regs_words`], below [`PT_REGS_WORDS`].
+    /// Index into [`regs_words`], below [`PT_REGS_WORDS`]; [`WideStore::END`] ends the list.
     word: u16,
     /// Record offset (common header included); `at + 8 <= len`.
     at: u16,
+}
+
+impl WideStore {
+    /// The entry that ends [`RegisterPlan::wide`].
+    const END: WideStore = WideStore {
+        word: u16::MAX,
+        at: 0,
+    };
 }
 
 /// A register value of a [`RegisterPlan`] stored in fewer bytes.
@@ -651,9 +673,11 @@ impl RegisterPlan {
                 narrow.push(NarrowStore { word, at, size });
             }
         }
+        wide.push(WideStore::END);
         Some(RegisterPlan {
             len,
             wide: wide.into_boxed_slice(),
+            rest: !narrow.is_empty() || !consts.is_empty(),
             narrow: narrow.into_boxed_slice(),
             consts: consts.into_boxed_slice(),
         })
@@ -671,24 +695,54 @@ impl RegisterPlan {
 
     /// Writes the probe header and the arguments into `record` (the common header is the
     /// record path's); nothing when `record` is too short, as `run` does.
-    #[inline(always)]
+    #[cfg(test)]
     fn store(&self, ip: u64, regs: &PtRegs, record: &mut [u8]) {
-        if record.len() < self.len() {
-            return;
+        if record.len() >= self.len {
+            // SAFETY: checked just above.
+            unsafe { self.store_unchecked(ip, regs, record) }
         }
+    }
+
+    /// [`RegisterPlan::store`] without the length check.
+    ///
+    /// # Safety
+    /// `record` holds at least `self.len` bytes.
+    #[inline(always)]
+    unsafe fn store_unchecked(&self, ip: u64, regs: &PtRegs, record: &mut [u8]) {
         let words = regs_words(regs);
         let out = record.as_mut_ptr();
         // SAFETY: `record` holds `self.len` bytes, and `of` made every store end inside
         // them (`at + size <= len`, the probe header in bytes 8..16 of at least `MIN_LEN`)
-        // and every word index below `PT_REGS_WORDS`.
+        // and every word index below `PT_REGS_WORDS`; `wide` ends with `END`, so the walk
+        // reads only its entries.
         unsafe {
             put(out.add(crate::event::field::COMMON_SIZE), 8, ip);
-            for s in self.wide.iter() {
+            let mut wide = self.wide.as_ptr();
+            loop {
+                let s = *wide;
+                if s.word == WideStore::END.word {
+                    break;
+                }
                 let v = *words.get_unchecked(usize::from(s.word));
                 out.add(usize::from(s.at))
                     .cast::<u64>()
                     .write_unaligned(v.to_le());
+                wide = wide.add(1);
             }
+            if self.rest {
+                self.store_rest(words, out);
+            }
+        }
+    }
+
+    /// The narrow and constant stores of [`RegisterPlan::store`].
+    ///
+    /// # Safety
+    /// `out` holds `self.len` bytes.
+    #[inline(always)]
+    unsafe fn store_rest(&self, words: &[u64; PT_REGS_WORDS], out: *mut u8) {
+        // SAFETY: as in `store`.
+        unsafe {
             for s in self.narrow.iter() {
                 let v = *words.get_unchecked(usize::from(s.word));
                 put(out.add(usize::from(s.at)), s.size, v);
