@@ -29,7 +29,7 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
-use ustrace_fprobe::{EntryAction, Fprobe, PtRegs};
+use ustrace_fprobe::{EntryAction, Fprobe, FprobeBuilder, PtRegs};
 use ustrace_probe::{
     parse_command, DirectSrc, DynCommand, Errno as ProbeErrno, ErrorId, FetchContext, FieldSpec,
     ProbeDefinition, ProbeEnv, ProbeKind, Program,
@@ -136,9 +136,14 @@ impl DynEvent {
         let definition = &probe.definition;
         match definition.kind {
             ProbeKind::Fentry => {
-                let builder = match RegisterPlan::of(&program) {
+                let plan = RegisterPlan::of(&program);
+                // Up to six whole words in argument order (`a=$arg1 b=$arg2`): the record's
+                // length and offsets are constants of the handler.
+                let fixed = plan.as_ref().and_then(|p| fixed_words_builder(&file, p));
+                let builder = match (fixed, plan) {
+                    (Some(builder), _) => builder,
                     // Every argument a register or a constant: the hit copies words.
-                    Some(plan) => Fprobe::builder().entry_handler(
+                    (None, Some(plan)) => Fprobe::builder().entry_handler(
                         move |_fp, entry_ip, _ret_ip, regs, _data| {
                             // Read before the record path writes the header, which could
                             // alias the plan for all the compiler knows: then the check
@@ -162,7 +167,7 @@ impl DynEvent {
                             EntryAction::Continue
                         },
                     ),
-                    None => Fprobe::builder().entry_handler(
+                    (None, None) => Fprobe::builder().entry_handler(
                         move |_fp, entry_ip, _ret_ip, regs, _data| {
                             let ctx = HitContext {
                                 regs: Some(regs),
@@ -683,6 +688,22 @@ impl RegisterPlan {
         })
     }
 
+    /// The register words of a plan that stores nothing but whole words, one after the
+    /// other from the first argument's offset to the record's end (`len` is
+    /// `fixed_words_len` of their count): what [`store_words`] stores.
+    fn fixed_words(&self) -> Option<Vec<u16>> {
+        if self.rest {
+            return None;
+        }
+        let wide = &self.wide[..self.wide.len() - 1];
+        let in_turn = wide
+            .iter()
+            .enumerate()
+            .all(|(i, s)| usize::from(s.at) == Self::MIN_LEN + 8 * i);
+        (in_turn && self.len == fixed_words_len(wide.len()))
+            .then(|| wide.iter().map(|s| s.word).collect())
+    }
+
     /// The record's length, common header included.
     #[inline(always)]
     fn len(&self) -> usize {
@@ -751,6 +772,68 @@ impl RegisterPlan {
                 put(out.add(usize::from(c.at)), c.size, c.value);
             }
         }
+    }
+}
+
+/// Largest count of words [`fixed_words_builder`] makes a handler of its own for.
+const MAX_FIXED_WORDS: usize = 6;
+
+/// The handler for a [`RegisterPlan`] that is only whole words stored one after the other
+/// from the first argument's offset on (`a=$arg1 b=$arg2`, `x64` or `u64`, the default
+/// type), as at most [`MAX_FIXED_WORDS`] of them: one instance per count, so that the
+/// record's length, and with it the ring buffer's event size and data header, and every
+/// offset are constants, and the stores need no loop. `None` for any other plan.
+fn fixed_words_builder(file: &Arc<EventFile>, plan: &RegisterPlan) -> Option<FprobeBuilder> {
+    fn build<const N: usize>(file: &Arc<EventFile>, plan: &RegisterPlan) -> Option<FprobeBuilder> {
+        let words: [u16; N] = plan.fixed_words()?.try_into().ok()?;
+        let file = file.clone();
+        Some(
+            Fprobe::builder().entry_handler(move |_fp, entry_ip, _ret_ip, regs, _data| {
+                let fill =
+                    move |record: &mut [u8]| store_words(&words, entry_ip as u64, regs, record);
+                // As the plan's handler: one flag load when the event needs no check.
+                let len = fixed_words_len(N);
+                if let Some(direct) = file.direct() {
+                    direct.record(len, fill);
+                } else if let Some(checked) = file.wanted() {
+                    checked.record(len, fill);
+                }
+                EntryAction::Continue
+            }),
+        )
+    }
+    match plan.fixed_words()?.len() {
+        0 => build::<0>(file, plan),
+        1 => build::<1>(file, plan),
+        2 => build::<2>(file, plan),
+        3 => build::<3>(file, plan),
+        4 => build::<4>(file, plan),
+        5 => build::<5>(file, plan),
+        MAX_FIXED_WORDS => build::<MAX_FIXED_WORDS>(file, plan),
+        _ => None,
+    }
+}
+
+/// Record bytes of `n` words after the common header and `__probe_ip`.
+#[inline(always)]
+const fn fixed_words_len(n: usize) -> usize {
+    RegisterPlan::MIN_LEN + 8 * n
+}
+
+/// [`RegisterPlan::store`] for a plan of [`RegisterPlan::fixed_words`]: `__probe_ip`, then
+/// each register word in turn; nothing when `record` is too short.
+#[inline(always)]
+fn store_words<const N: usize>(words: &[u16; N], ip: u64, regs: &PtRegs, record: &mut [u8]) {
+    let header = crate::event::field::COMMON_SIZE;
+    let Some(body) = record.get_mut(header..fixed_words_len(N)) else {
+        return;
+    };
+    let regs = regs_words(regs);
+    body[..8].copy_from_slice(&ip.to_le_bytes());
+    for (slot, &word) in body[8..].chunks_exact_mut(8).zip(words) {
+        // `fixed_words` gives only the plan's indices, each below `PT_REGS_WORDS`.
+        let v = regs.get(usize::from(word)).copied().unwrap_or(0);
+        slot.copy_from_slice(&v.to_le_bytes());
     }
 }
 
@@ -1319,20 +1402,49 @@ mod tests {
     fn fast_register_stores_match_the_program() {
         let regs = frame();
         let ip = 0x5555_0000_1234;
+        // Each with the number of words of its own handler (`fixed_words`), if it has one.
         let fast = [
-            "f:t/a f a=$arg1 b=$arg2",
-            "f:t/b f a=$arg1:u8 b=$arg2:s16 c=$arg3:x32 d=$arg4 e=$arg5:u32 f=$arg6:s64",
-            "f:t/c f x=%di y=%si:u16 z=%ax:u64 imm=\\42:s32 sp=$stack fl=%flags ip=%ip",
-            "f:t/d f cs=%cs:u32 ss=%ss r15=%r15 bp=%bp:x8 c=$arg1:char",
-            "f:t/e f",
+            ("f:t/a f a=$arg1 b=$arg2", Some(2)),
+            (
+                "f:t/b f a=$arg1:u8 b=$arg2:s16 c=$arg3:x32 d=$arg4 e=$arg5:u32 f=$arg6:s64",
+                None,
+            ),
+            (
+                "f:t/c f x=%di y=%si:u16 z=%ax:u64 imm=\\42:s32 sp=$stack fl=%flags ip=%ip",
+                None,
+            ),
+            (
+                "f:t/d f cs=%cs:u32 ss=%ss r15=%r15 bp=%bp:x8 c=$arg1:char",
+                None,
+            ),
+            ("f:t/e f", Some(0)),
+            (
+                "f:t/f f a=$arg1 b=$arg2 c=$arg3 d=$arg4 e=$arg5 f=$arg6",
+                Some(6),
+            ),
+            ("f:t/l f a=$arg1:u64 b=$arg1:x64 sp=$stack", Some(3)),
+            (
+                "f:t/m f a=$arg1 b=$arg2 c=$arg3 d=$arg4 e=$arg5 f=$arg6 g=%ax",
+                None,
+            ),
         ];
-        for line in fast {
+        for (line, fixed) in fast {
             let program = program(line);
             let plan = RegisterPlan::of(&program).unwrap_or_else(|| panic!("{line}: no plan"));
             let want = general(&program, &regs, ip, plan.len);
             let mut got = vec![0xa5u8; plan.len];
             plan.store(ip, &regs, &mut got);
             assert_eq!(got, want, "{line}");
+            let words = plan.fixed_words().filter(|w| w.len() <= MAX_FIXED_WORDS);
+            assert_eq!(words.as_ref().map(Vec::len), fixed, "{line}");
+            if let Some(words) = words {
+                let mut got = vec![0xa5u8; plan.len];
+                store_fixed(&words, ip, &regs, &mut got);
+                assert_eq!(got, want, "{line}: fixed words");
+                let mut short = vec![0xa5u8; plan.len - 1];
+                store_fixed(&words, ip, &regs, &mut short);
+                assert!(short.iter().all(|&b| b == 0xa5), "{line}: fixed words");
+            }
             // A record too short for the fields is left alone, as `run` leaves it.
             let mut short = vec![0xa5u8; plan.len - 1];
             plan.store(ip, &regs, &mut short);
@@ -1347,6 +1459,23 @@ mod tests {
         ];
         for line in general_only {
             assert!(RegisterPlan::of(&program(line)).is_none(), "{line}");
+        }
+    }
+
+    /// [`store_words`] for as many words as `words` has.
+    fn store_fixed(words: &[u16], ip: u64, regs: &PtRegs, record: &mut [u8]) {
+        fn one<const N: usize>(words: &[u16], ip: u64, regs: &PtRegs, record: &mut [u8]) {
+            store_words::<N>(words.try_into().unwrap(), ip, regs, record)
+        }
+        match words.len() {
+            0 => one::<0>(words, ip, regs, record),
+            1 => one::<1>(words, ip, regs, record),
+            2 => one::<2>(words, ip, regs, record),
+            3 => one::<3>(words, ip, regs, record),
+            4 => one::<4>(words, ip, regs, record),
+            5 => one::<5>(words, ip, regs, record),
+            6 => one::<6>(words, ip, regs, record),
+            n => panic!("{n} words"),
         }
     }
 

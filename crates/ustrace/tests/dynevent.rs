@@ -952,7 +952,8 @@ pub extern "C" fn fastpath_arm(x: u64) -> u64 {
 }
 
 /// An entry probe whose arguments are only registers and constants records through a plan
-/// worked out at attach time; one that also fetches `$comm` goes through the fetch program.
+/// worked out at attach time (one of whole words only, through a handler whose record length
+/// is a constant); one that also fetches `$comm` goes through the fetch program.
 /// On the same calls both record the same values, and the fast one keeps every check of the
 /// record path: soft-disabled by an `enable_event` trigger until armed, then filtered.
 #[test]
@@ -964,11 +965,13 @@ fn register_only_events_record_what_the_general_path_does() {
         &format!(
             "f:fastpath/fast fastpath_target {args}\n\
              f:fastpath/slow fastpath_target {args} comm=$comm\n\
+             f:fastpath/words fastpath_target a=$arg1:u64 d=$arg4\n\
              f:fastpath/arm fastpath_arm\n"
         ),
     )
     .unwrap_or_else(|e| panic!("{e:?}: {}", read("error_log")));
     write(&t.p("events/fastpath/slow/enable"), "1\n").unwrap();
+    write(&t.p("events/fastpath/words/enable"), "1\n").unwrap();
     // The trigger holds `fast` attached but soft-disabled until `arm` fires.
     write(
         &t.p("events/fastpath/arm/trigger"),
@@ -998,6 +1001,18 @@ fn register_only_events_record_what_the_general_path_does() {
         .map(|(_, t)| *t)
         .collect();
     assert_eq!(slow.len(), 4, "{lines:#?}");
+    // Whole words only, in argument order: a handler whose record length is a constant.
+    let words: Vec<&str> = events
+        .iter()
+        .filter(|(e, _)| *e == "words")
+        .map(|(_, t)| *t)
+        .collect();
+    assert_eq!(words.len(), 4, "{lines:#?}");
+    for (w, s) in words.iter().zip(&slow) {
+        let a = s.split(' ').find(|f| f.starts_with("a=")).expect("a");
+        let probe = s.split(' ').next().expect("probe ip");
+        assert_eq!(*w, format!("{probe} {a} d=0x123456789abc"), "{lines:#?}");
+    }
     assert_eq!(fast.len(), 2, "soft-disabled, then filtered: {lines:#?}");
     for (f, a) in fast.iter().zip([2, 4]) {
         let want = format!(

@@ -1,6 +1,7 @@
 //! An fprobe event's hit allocates nothing: a counting global allocator watches calls of a
 //! probed function whose event records through the register plan (arguments only in
-//! registers), filtered and not, and through the fetch program (a dereference and a string).
+//! registers), filtered and not, through the handler for whole words of a constant length,
+//! and through the fetch program (a dereference and a string).
 
 mod common;
 
@@ -35,6 +36,7 @@ fn fprobe_event_hits_allocate_nothing() {
     common::append(
         "dynamic_events",
         "f:dynalloc/regs dynevent_noalloc_work n=$arg1:u64 w=$arg2:x32 k=\\3\n\
+         f:dynalloc/words dynevent_noalloc_work n=$arg1:u64 w=$arg2\n\
          f:dynalloc/fetch dynevent_noalloc_work n=$arg1:u64 w=+0($arg2):u32 s=+0($arg3):string\n",
     )
     .unwrap();
@@ -43,12 +45,20 @@ fn fprobe_event_hits_allocate_nothing() {
     common::write(&p("regs/filter"), "n < 100\n").unwrap();
     assert_eq!(calls(10_000), 0, "register plan, filtered");
     common::write(&p("regs/enable"), "0\n").unwrap();
+    common::write(&p("words/enable"), "1\n").unwrap();
+    assert_eq!(calls(10_000), 0, "register words of a constant length");
+    common::write(&p("words/enable"), "0\n").unwrap();
     common::write(&p("fetch/enable"), "1\n").unwrap();
     assert_eq!(calls(10_000), 0, "fetch program");
     common::write(&p("fetch/enable"), "0\n").unwrap();
     let trace = common::read("instances/dyn-noalloc/trace").unwrap();
     let regs = trace.matches(" regs: ").count();
     let fetch = trace.matches(" fetch: ").count();
+    assert_eq!(
+        trace.matches(" words: ").count(),
+        10_001,
+        "the calls were recorded"
+    );
     // Every call of the first window, the 101 the filter kept of the second (its first call
     // included), and every call of the third.
     assert_eq!(
