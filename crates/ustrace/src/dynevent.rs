@@ -714,8 +714,8 @@ impl RegisterPlan {
         self.len
     }
 
-    /// Writes the probe header and the arguments into `record` (the common header is the
-    /// record path's); nothing when `record` is too short, as `run` does.
+    /// [`RegisterPlan::store_unchecked`], or nothing when `record` is too short, as `run`
+    /// does (what the handler's fill does).
     #[cfg(test)]
     fn store(&self, ip: u64, regs: &PtRegs, record: &mut [u8]) {
         if record.len() >= self.len {
@@ -724,7 +724,8 @@ impl RegisterPlan {
         }
     }
 
-    /// [`RegisterPlan::store`] without the length check.
+    /// Writes the probe header and the arguments into `record` (the common header is the
+    /// record path's).
     ///
     /// # Safety
     /// `record` holds at least `self.len` bytes.
@@ -756,13 +757,13 @@ impl RegisterPlan {
         }
     }
 
-    /// The narrow and constant stores of [`RegisterPlan::store`].
+    /// The narrow and constant stores of [`RegisterPlan::store_unchecked`].
     ///
     /// # Safety
     /// `out` holds `self.len` bytes.
     #[inline(always)]
     unsafe fn store_rest(&self, words: &[u64; PT_REGS_WORDS], out: *mut u8) {
-        // SAFETY: as in `store`.
+        // SAFETY: as in `store_unchecked`.
         unsafe {
             for s in self.narrow.iter() {
                 let v = *words.get_unchecked(usize::from(s.word));
@@ -820,7 +821,7 @@ const fn fixed_words_len(n: usize) -> usize {
     RegisterPlan::MIN_LEN + 8 * n
 }
 
-/// [`RegisterPlan::store`] for a plan of [`RegisterPlan::fixed_words`]: `__probe_ip`, then
+/// [`RegisterPlan::store_unchecked`] for a plan of [`RegisterPlan::fixed_words`]: `__probe_ip`, then
 /// each register word in turn; nothing when `record` is too short.
 #[inline(always)]
 fn store_words<const N: usize>(words: &[u16; N], ip: u64, regs: &PtRegs, record: &mut [u8]) {
