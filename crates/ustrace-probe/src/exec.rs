@@ -126,21 +126,29 @@ pub struct Program {
     has_dynamic: bool,
 }
 
-/// An argument that is one load stored as is (see `Program::direct`).
-#[derive(Debug, Clone, Copy)]
-struct DirectArg {
-    src: DirectSrc,
+/// An argument that is one load stored as is (see [`Program::direct_args`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectArg {
+    /// What the argument loads.
+    pub src: DirectSrc,
     /// Offset of the field after the common header (probe header included).
-    at: usize,
-    size: usize,
+    pub at: usize,
+    /// Bytes stored: the value's low bytes, little-endian (1, 2, 4 or 8).
+    pub size: usize,
 }
 
-#[derive(Debug, Clone, Copy)]
-enum DirectSrc {
+/// What a [`DirectArg`] loads, read through [`FetchContext`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectSrc {
+    /// `$argN` (0-based here): [`FetchContext::arg`].
     Arg(usize),
+    /// `%REG`: [`FetchContext::register`] by this name, 0 when it gives `None`.
     Reg(&'static str),
+    /// `$retval`: [`FetchContext::return_value`].
     RetVal,
+    /// A constant (`\VALUE`, `@ADDR`, `@SYM`).
     Imm(u64),
+    /// `$stack`: [`FetchContext::stack_pointer`].
     StackP,
 }
 
@@ -534,6 +542,21 @@ impl Program {
     /// The probe kind.
     pub fn kind(&self) -> ProbeKind {
         self.kind
+    }
+
+    /// Bytes of the probe header that starts the record after the common header: 8
+    /// (`__probe_ip`), 16 for exit probes (`__probe_func`, `__probe_ret_ip`), 0 for eprobes.
+    pub fn header_size(&self) -> usize {
+        self.header
+    }
+
+    /// When every argument is one plain load stored as is, the loads in argument order,
+    /// which is all [`Program::run`] does after the probe header: a probe that can read
+    /// the sources more directly than through [`FetchContext`] may store them itself. The
+    /// stores tile the fixed area exactly, each inside `header_size() .. record_size()`.
+    /// `None` when some argument needs the interpreter.
+    pub fn direct_args(&self) -> Option<&[DirectArg]> {
+        self.direct.as_deref()
     }
 
     /// Bytes of entry data the exit handler must keep per call (0: none).

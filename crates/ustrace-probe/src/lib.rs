@@ -56,6 +56,6 @@ pub mod types;
 pub use command::{parse_command, DynCommand, ProbeDefinition, ProbeKind, Removal};
 pub use env::{FieldKind, FieldSpec, InspectEnv, NoEnv, ProbeEnv};
 pub use error::{Errno, ErrorId, ProbeError};
-pub use exec::{FetchContext, Program, COMMON_HEADER_SIZE};
+pub use exec::{DirectArg, DirectSrc, FetchContext, Program, COMMON_HEADER_SIZE};
 pub use fetch::{ArgDef, EntryArgs, Insn};
 pub use types::FetchType;

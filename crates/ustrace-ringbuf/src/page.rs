@@ -114,7 +114,9 @@ pub const fn header_word(type_len: u32, delta: u32) -> u32 {
 ///
 /// # Panics
 /// If `buf` is shorter than 8 bytes.
-#[inline]
+// Always inlined: with a length known only at run time (a dynamic event's), the reserve
+// fast path otherwise called it, spilling the reservation around the call.
+#[inline(always)]
 pub fn write_data_header(buf: &mut [u8], total: usize, delta: u32) -> usize {
     debug_assert!(u64::from(delta) <= TS_MASK);
     let body = total - 4;

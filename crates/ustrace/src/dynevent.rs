@@ -29,9 +29,9 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use ustrace_ctl::vfs::{Errno, OpenFile, OpenFlags};
-use ustrace_fprobe::{EntryAction, Fprobe, PtRegs};
+use ustrace_fprobe::{EntryAction, Fprobe, FprobeBuilder, PtRegs};
 use ustrace_probe::{
-    parse_command, DynCommand, Errno as ProbeErrno, ErrorId, FetchContext, FieldSpec,
+    parse_command, DirectSrc, DynCommand, Errno as ProbeErrno, ErrorId, FetchContext, FieldSpec,
     ProbeDefinition, ProbeEnv, ProbeKind, Program,
 };
 
@@ -136,16 +136,50 @@ impl DynEvent {
         let definition = &probe.definition;
         match definition.kind {
             ProbeKind::Fentry => {
-                let fp = Fprobe::builder()
-                    .entry_handler(move |_fp, entry_ip, _ret_ip, regs, _data| {
-                        let ctx = HitContext {
-                            regs: Some(regs),
-                            ip: entry_ip as u64,
-                            ..HitContext::empty()
-                        };
-                        emit(&file, &program, &ctx);
-                        EntryAction::Continue
-                    })
+                let plan = RegisterPlan::of(&program);
+                // Up to six whole words in argument order (`a=$arg1 b=$arg2`): the record's
+                // length and offsets are constants of the handler.
+                let fixed = plan.as_ref().and_then(|p| fixed_words_builder(&file, p));
+                let builder = match (fixed, plan) {
+                    (Some(builder), _) => builder,
+                    // Every argument a register or a constant: the hit copies words.
+                    (None, Some(plan)) => Fprobe::builder().entry_handler(
+                        move |_fp, entry_ip, _ret_ip, regs, _data| {
+                            // Read before the record path writes the header, which could
+                            // alias the plan for all the compiler knows: then the check
+                            // below folds against the reservation's own length.
+                            let (plan, len) = (&plan, plan.len());
+                            // Everything by value, so that `len` stays the value the
+                            // reservation was asked for.
+                            let fill = move |record: &mut [u8]| {
+                                if record.len() >= len {
+                                    // SAFETY: `len` is the plan's length.
+                                    unsafe { plan.store_unchecked(entry_ip as u64, regs, record) }
+                                }
+                            };
+                            // One flag load when the event needs no check; otherwise the
+                            // checks `emit` makes, in its order.
+                            if let Some(direct) = file.direct() {
+                                direct.record(len, fill);
+                            } else if let Some(checked) = file.wanted() {
+                                checked.record(len, fill);
+                            }
+                            EntryAction::Continue
+                        },
+                    ),
+                    (None, None) => Fprobe::builder().entry_handler(
+                        move |_fp, entry_ip, _ret_ip, regs, _data| {
+                            let ctx = HitContext {
+                                regs: Some(regs),
+                                ip: entry_ip as u64,
+                                ..HitContext::empty()
+                            };
+                            emit(&file, &program, &ctx);
+                            EntryAction::Continue
+                        },
+                    ),
+                };
+                let fp = builder
                     .register_ips(&fprobe_targets(&definition.target)?)
                     .map_err(fprobe_errno)?;
                 Ok(Attached::Fprobe(Some(fp)))
@@ -462,28 +496,7 @@ impl FetchContext for HitContext<'_> {
     }
     fn register(&self, name: &str) -> Option<u64> {
         let r = self.regs?;
-        Some(match name {
-            "ax" | "rax" => r.ax,
-            "bx" | "rbx" => r.bx,
-            "cx" | "rcx" => r.cx,
-            "dx" | "rdx" => r.dx,
-            "si" | "rsi" => r.si,
-            "di" | "rdi" => r.di,
-            "bp" | "rbp" => r.bp,
-            "sp" | "rsp" => r.sp,
-            "ip" | "rip" => r.ip,
-            "r8" => r.r8,
-            "r9" => r.r9,
-            "r10" => r.r10,
-            "r11" => r.r11,
-            "r12" => r.r12,
-            "r13" => r.r13,
-            "r14" => r.r14,
-            "r15" => r.r15,
-            "flags" => r.flags,
-            "orig_ax" => r.orig_ax,
-            _ => return None,
-        })
+        Some(regs_words(r)[register_word(name)?])
     }
     fn stack_pointer(&self) -> u64 {
         self.regs.map_or(0, |r| r.sp)
@@ -507,6 +520,338 @@ impl FetchContext for HitContext<'_> {
     #[inline]
     fn return_ip(&self) -> u64 {
         self.ret_ip
+    }
+}
+
+/// Words in [`PtRegs`]: every field is a `u64` (or an array of them), so the frame is an
+/// array of words, which is how [`RegisterPlan`] and `%REG` fetches index it.
+const PT_REGS_WORDS: usize = std::mem::size_of::<PtRegs>() / 8;
+const _: () = assert!(std::mem::size_of::<PtRegs>() == PT_REGS_WORDS * 8);
+const _: () = assert!(std::mem::align_of::<PtRegs>() == 8);
+
+/// The saved registers as words.
+#[inline(always)]
+fn regs_words(regs: &PtRegs) -> &[u64; PT_REGS_WORDS] {
+    // SAFETY: `PtRegs` is `repr(C)` with only `u64` fields and arrays of them, so it has no
+    // padding, is 8-aligned and exactly `PT_REGS_WORDS` initialized words (asserted above).
+    unsafe { &*(regs as *const PtRegs).cast::<[u64; PT_REGS_WORDS]>() }
+}
+
+/// The word of [`PtRegs`] that holds register `name` (the kernel's names, with or without
+/// the `r` of the 64-bit ones), as `%REG` reads it; `None` for a name it does not capture.
+fn register_word(name: &str) -> Option<usize> {
+    use std::mem::offset_of;
+    let offset = match name {
+        "ax" | "rax" => offset_of!(PtRegs, ax),
+        "bx" | "rbx" => offset_of!(PtRegs, bx),
+        "cx" | "rcx" => offset_of!(PtRegs, cx),
+        "dx" | "rdx" => offset_of!(PtRegs, dx),
+        "si" | "rsi" => offset_of!(PtRegs, si),
+        "di" | "rdi" => offset_of!(PtRegs, di),
+        "bp" | "rbp" => offset_of!(PtRegs, bp),
+        "sp" | "rsp" => offset_of!(PtRegs, sp),
+        "ip" | "rip" => offset_of!(PtRegs, ip),
+        "r8" => offset_of!(PtRegs, r8),
+        "r9" => offset_of!(PtRegs, r9),
+        "r10" => offset_of!(PtRegs, r10),
+        "r11" => offset_of!(PtRegs, r11),
+        "r12" => offset_of!(PtRegs, r12),
+        "r13" => offset_of!(PtRegs, r13),
+        "r14" => offset_of!(PtRegs, r14),
+        "r15" => offset_of!(PtRegs, r15),
+        "flags" => offset_of!(PtRegs, flags),
+        "orig_ax" => offset_of!(PtRegs, orig_ax),
+        _ => return None,
+    };
+    Some(offset / 8)
+}
+
+/// The registers of the integer arguments [`PtRegs::arg`] reads, by position: past them
+/// arguments are on the stack (a fault-safe read, left to the program).
+const ARG_REGISTERS: [&str; 6] = ["di", "si", "dx", "cx", "r8", "r9"];
+
+/// How an `f` entry probe whose arguments are all plain register loads or constants
+/// (`a=$arg1 b=$arg2:u32 c=\7`: what [`Program::direct_args`] describes) writes its record,
+/// worked out when the probe is attached: the word of the saved registers each value comes
+/// from and the record offset it goes to. A hit then moves words, where the program would
+/// go through [`FetchContext`] per argument (an `Option` test, a bound check, a table
+/// lookup and a dispatch on the size each) from a context built for it. It stores exactly
+/// what [`Program::run`] stores (`fast_register_stores_match_the_program` checks both on
+/// the same registers).
+#[derive(Debug)]
+struct RegisterPlan {
+    /// Record bytes, common header included: at least [`RegisterPlan::MIN_LEN`].
+    len: usize,
+    /// Whole words (the usual `$argN`, `x64`), with no dispatch on the size, ended by
+    /// [`WideStore::END`] (a loop whose count is not known ahead is not unrolled: for the
+    /// few arguments of a probe, unrolling cost more than it saved).
+    wide: Box<[WideStore]>,
+    /// Whether `narrow` or `consts` has any store: one test on the hit for both.
+    rest: bool,
+    /// Narrower register values (`:u32`, `:s16`, `:char`).
+    narrow: Box<[NarrowStore]>,
+    /// Constants (`\VALUE`, `@SYM`) and registers the frame does not hold (0), usually none.
+    consts: Box<[ConstStore]>,
+}
+
+/// A register word of a [`RegisterPlan`] stored whole.
+#[derive(Clone, Copy, Debug)]
+struct WideStore {
+    /// Index into [`regs_words`], below [`PT_REGS_WORDS`]; [`WideStore::END`] ends the list.
+    word: u16,
+    /// Record offset (common header included); `at + 8 <= len`.
+    at: u16,
+}
+
+impl WideStore {
+    /// The entry that ends [`RegisterPlan::wide`].
+    const END: WideStore = WideStore {
+        word: u16::MAX,
+        at: 0,
+    };
+}
+
+/// A register value of a [`RegisterPlan`] stored in fewer bytes.
+#[derive(Clone, Copy, Debug)]
+struct NarrowStore {
+    /// Index into [`regs_words`], below [`PT_REGS_WORDS`].
+    word: u16,
+    /// Record offset (common header included); `at + size <= len`.
+    at: u16,
+    /// 1, 2 or 4: the value's low bytes, little-endian.
+    size: u8,
+}
+
+/// A constant of a [`RegisterPlan`].
+#[derive(Clone, Copy, Debug)]
+struct ConstStore {
+    value: u64,
+    /// Record offset (common header included); `at + size <= len`.
+    at: u16,
+    /// 1, 2, 4 or 8.
+    size: u8,
+}
+
+impl RegisterPlan {
+    /// The shortest record: the common header and `__probe_ip`.
+    const MIN_LEN: usize = crate::event::field::COMMON_SIZE + 8;
+
+    /// The plan for `program`, if it is an entry probe's made only of loads from the
+    /// registers [`HitContext`] reads directly (`$argN` of the first six, `%REG`,
+    /// `$stack`) and constants.
+    fn of(program: &Program) -> Option<RegisterPlan> {
+        let header = crate::event::field::COMMON_SIZE;
+        if program.kind() != ProbeKind::Fentry || program.header_size() != 8 {
+            return None;
+        }
+        let len = header + program.record_size(&HitContext::empty());
+        if len < Self::MIN_LEN {
+            return None;
+        }
+        let (mut wide, mut narrow, mut consts) = (Vec::new(), Vec::new(), Vec::new());
+        for arg in program.direct_args()? {
+            let at = header + arg.at;
+            if !matches!(arg.size, 1 | 2 | 4 | 8) || at < Self::MIN_LEN || at + arg.size > len {
+                return None;
+            }
+            let (at, size) = (u16::try_from(at).ok()?, arg.size as u8);
+            let word = match arg.src {
+                DirectSrc::Arg(n) => register_word(ARG_REGISTERS.get(n)?),
+                DirectSrc::Reg(name) => register_word(name),
+                DirectSrc::StackP => register_word("sp"),
+                DirectSrc::Imm(value) => {
+                    consts.push(ConstStore { value, at, size });
+                    continue;
+                }
+                // An exit probe's: not an entry probe's program.
+                DirectSrc::RetVal => return None,
+            };
+            // A register the frame does not hold reads as 0, as `run` stores it.
+            let Some(word) = word else {
+                consts.push(ConstStore { value: 0, at, size });
+                continue;
+            };
+            let word = u16::try_from(word).ok()?;
+            if size == 8 {
+                wide.push(WideStore { word, at });
+            } else {
+                narrow.push(NarrowStore { word, at, size });
+            }
+        }
+        wide.push(WideStore::END);
+        Some(RegisterPlan {
+            len,
+            wide: wide.into_boxed_slice(),
+            rest: !narrow.is_empty() || !consts.is_empty(),
+            narrow: narrow.into_boxed_slice(),
+            consts: consts.into_boxed_slice(),
+        })
+    }
+
+    /// The register words of a plan that stores nothing but whole words, one after the
+    /// other from the first argument's offset to the record's end (`len` is
+    /// `fixed_words_len` of their count): what [`store_words`] stores.
+    fn fixed_words(&self) -> Option<Vec<u16>> {
+        if self.rest {
+            return None;
+        }
+        let wide = &self.wide[..self.wide.len() - 1];
+        let in_turn = wide
+            .iter()
+            .enumerate()
+            .all(|(i, s)| usize::from(s.at) == Self::MIN_LEN + 8 * i);
+        (in_turn && self.len == fixed_words_len(wide.len()))
+            .then(|| wide.iter().map(|s| s.word).collect())
+    }
+
+    /// The record's length, common header included.
+    #[inline(always)]
+    fn len(&self) -> usize {
+        // SAFETY: `of` makes no plan shorter than that. Said to the compiler so that the
+        // record path's own header store (`record[..8]`) needs no bound check, whose panic
+        // would keep the reservation in memory for the unwind.
+        unsafe { std::hint::assert_unchecked(self.len >= Self::MIN_LEN) };
+        self.len
+    }
+
+    /// [`RegisterPlan::store_unchecked`], or nothing when `record` is too short, as `run`
+    /// does (what the handler's fill does).
+    #[cfg(test)]
+    fn store(&self, ip: u64, regs: &PtRegs, record: &mut [u8]) {
+        if record.len() >= self.len {
+            // SAFETY: checked just above.
+            unsafe { self.store_unchecked(ip, regs, record) }
+        }
+    }
+
+    /// Writes the probe header and the arguments into `record` (the common header is the
+    /// record path's).
+    ///
+    /// # Safety
+    /// `record` holds at least `self.len` bytes.
+    #[inline(always)]
+    unsafe fn store_unchecked(&self, ip: u64, regs: &PtRegs, record: &mut [u8]) {
+        let words = regs_words(regs);
+        let out = record.as_mut_ptr();
+        // SAFETY: `record` holds `self.len` bytes, and `of` made every store end inside
+        // them (`at + size <= len`, the probe header in bytes 8..16 of at least `MIN_LEN`)
+        // and every word index below `PT_REGS_WORDS`; `wide` ends with `END`, so the walk
+        // reads only its entries.
+        unsafe {
+            put(out.add(crate::event::field::COMMON_SIZE), 8, ip);
+            let mut wide = self.wide.as_ptr();
+            loop {
+                let s = *wide;
+                if s.word == WideStore::END.word {
+                    break;
+                }
+                let v = *words.get_unchecked(usize::from(s.word));
+                out.add(usize::from(s.at))
+                    .cast::<u64>()
+                    .write_unaligned(v.to_le());
+                wide = wide.add(1);
+            }
+            if self.rest {
+                self.store_rest(words, out);
+            }
+        }
+    }
+
+    /// The narrow and constant stores of [`RegisterPlan::store_unchecked`].
+    ///
+    /// # Safety
+    /// `out` holds `self.len` bytes.
+    #[inline(always)]
+    unsafe fn store_rest(&self, words: &[u64; PT_REGS_WORDS], out: *mut u8) {
+        // SAFETY: as in `store_unchecked`.
+        unsafe {
+            for s in self.narrow.iter() {
+                let v = *words.get_unchecked(usize::from(s.word));
+                put(out.add(usize::from(s.at)), s.size, v);
+            }
+            for c in self.consts.iter() {
+                put(out.add(usize::from(c.at)), c.size, c.value);
+            }
+        }
+    }
+}
+
+/// Largest count of words [`fixed_words_builder`] makes a handler of its own for.
+const MAX_FIXED_WORDS: usize = 6;
+
+/// The handler for a [`RegisterPlan`] that is only whole words stored one after the other
+/// from the first argument's offset on (`a=$arg1 b=$arg2`, `x64` or `u64`, the default
+/// type), as at most [`MAX_FIXED_WORDS`] of them: one instance per count, so that the
+/// record's length, and with it the ring buffer's event size and data header, and every
+/// offset are constants, and the stores need no loop. `None` for any other plan.
+fn fixed_words_builder(file: &Arc<EventFile>, plan: &RegisterPlan) -> Option<FprobeBuilder> {
+    fn build<const N: usize>(file: &Arc<EventFile>, plan: &RegisterPlan) -> Option<FprobeBuilder> {
+        let words: [u16; N] = plan.fixed_words()?.try_into().ok()?;
+        let file = file.clone();
+        Some(
+            Fprobe::builder().entry_handler(move |_fp, entry_ip, _ret_ip, regs, _data| {
+                let fill =
+                    move |record: &mut [u8]| store_words(&words, entry_ip as u64, regs, record);
+                // As the plan's handler: one flag load when the event needs no check.
+                let len = fixed_words_len(N);
+                if let Some(direct) = file.direct() {
+                    direct.record(len, fill);
+                } else if let Some(checked) = file.wanted() {
+                    checked.record(len, fill);
+                }
+                EntryAction::Continue
+            }),
+        )
+    }
+    match plan.fixed_words()?.len() {
+        0 => build::<0>(file, plan),
+        1 => build::<1>(file, plan),
+        2 => build::<2>(file, plan),
+        3 => build::<3>(file, plan),
+        4 => build::<4>(file, plan),
+        5 => build::<5>(file, plan),
+        MAX_FIXED_WORDS => build::<MAX_FIXED_WORDS>(file, plan),
+        _ => None,
+    }
+}
+
+/// Record bytes of `n` words after the common header and `__probe_ip`.
+#[inline(always)]
+const fn fixed_words_len(n: usize) -> usize {
+    RegisterPlan::MIN_LEN + 8 * n
+}
+
+/// [`RegisterPlan::store_unchecked`] for a plan of [`RegisterPlan::fixed_words`]: `__probe_ip`, then
+/// each register word in turn; nothing when `record` is too short.
+#[inline(always)]
+fn store_words<const N: usize>(words: &[u16; N], ip: u64, regs: &PtRegs, record: &mut [u8]) {
+    let header = crate::event::field::COMMON_SIZE;
+    let Some(body) = record.get_mut(header..fixed_words_len(N)) else {
+        return;
+    };
+    let regs = regs_words(regs);
+    body[..8].copy_from_slice(&ip.to_le_bytes());
+    for (slot, &word) in body[8..].chunks_exact_mut(8).zip(words) {
+        // `fixed_words` gives only the plan's indices, each below `PT_REGS_WORDS`.
+        let v = regs.get(usize::from(word)).copied().unwrap_or(0);
+        slot.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// Stores the low `size` bytes of `v` at `at`, little-endian, as `Program::run` does.
+///
+/// # Safety
+/// `at` is valid for `size` bytes of writes; `size` is 1, 2, 4 or 8.
+#[inline(always)]
+unsafe fn put(at: *mut u8, size: u8, v: u64) {
+    // SAFETY: the caller's.
+    unsafe {
+        match size {
+            8 => at.cast::<u64>().write_unaligned(v.to_le()),
+            4 => at.cast::<u32>().write_unaligned((v as u32).to_le()),
+            2 => at.cast::<u16>().write_unaligned((v as u16).to_le()),
+            _ => at.write(v as u8),
+        }
     }
 }
 
@@ -1004,4 +1349,153 @@ pub fn open(flags: OpenFlags) -> Result<Box<dyn OpenFile>, Errno> {
     }
     let content = if flags.read { listing() } else { String::new() };
     Ok(Box::new(TextFile::new(content, Some(Box::new(write)))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lets definitions name registers (`%di`), as a probe environment with full frames may.
+    struct RegsEnv;
+
+    impl ProbeEnv for RegsEnv {
+        fn fprobe_registers(&self) -> bool {
+            true
+        }
+    }
+
+    fn program(line: &str) -> Program {
+        match parse_command(line, &RegsEnv) {
+            Ok(DynCommand::Create(d)) => d.compile(None),
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    /// A frame whose every word differs from every other, bytes included.
+    fn frame() -> PtRegs {
+        let mut regs = PtRegs::default();
+        // SAFETY: `PtRegs` is plain words (see `regs_words`); every bit pattern is valid.
+        let words = unsafe { &mut *(&mut regs as *mut PtRegs).cast::<[u64; PT_REGS_WORDS]>() };
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = 0x8070_6050_4030_2010u64.wrapping_mul(i as u64 + 1) ^ (i as u64) << 56;
+        }
+        regs
+    }
+
+    /// The record the program writes through the general path ([`emit`]'s fill).
+    fn general(program: &Program, regs: &PtRegs, ip: u64, len: usize) -> Vec<u8> {
+        let ctx = HitContext {
+            regs: Some(regs),
+            ip,
+            ..HitContext::empty()
+        };
+        let header = crate::event::field::COMMON_SIZE;
+        assert_eq!(header + program.record_size(&ctx), len);
+        let mut record = vec![0xa5u8; len];
+        program.run(&ctx, &mut record[header..]);
+        record
+    }
+
+    /// Where a plan applies, its stores are byte for byte what the program stores on the
+    /// same registers; where it does not (stack arguments, dereferences, strings, exit
+    /// probes), no plan is made and the general path records.
+    #[test]
+    fn fast_register_stores_match_the_program() {
+        let regs = frame();
+        let ip = 0x5555_0000_1234;
+        // Each with the number of words of its own handler (`fixed_words`), if it has one.
+        let fast = [
+            ("f:t/a f a=$arg1 b=$arg2", Some(2)),
+            (
+                "f:t/b f a=$arg1:u8 b=$arg2:s16 c=$arg3:x32 d=$arg4 e=$arg5:u32 f=$arg6:s64",
+                None,
+            ),
+            (
+                "f:t/c f x=%di y=%si:u16 z=%ax:u64 imm=\\42:s32 sp=$stack fl=%flags ip=%ip",
+                None,
+            ),
+            (
+                "f:t/d f cs=%cs:u32 ss=%ss r15=%r15 bp=%bp:x8 c=$arg1:char",
+                None,
+            ),
+            ("f:t/e f", Some(0)),
+            (
+                "f:t/f f a=$arg1 b=$arg2 c=$arg3 d=$arg4 e=$arg5 f=$arg6",
+                Some(6),
+            ),
+            ("f:t/l f a=$arg1:u64 b=$arg1:x64 sp=$stack", Some(3)),
+            (
+                "f:t/m f a=$arg1 b=$arg2 c=$arg3 d=$arg4 e=$arg5 f=$arg6 g=%ax",
+                None,
+            ),
+        ];
+        for (line, fixed) in fast {
+            let program = program(line);
+            let plan = RegisterPlan::of(&program).unwrap_or_else(|| panic!("{line}: no plan"));
+            let want = general(&program, &regs, ip, plan.len);
+            let mut got = vec![0xa5u8; plan.len];
+            plan.store(ip, &regs, &mut got);
+            assert_eq!(got, want, "{line}");
+            let words = plan.fixed_words().filter(|w| w.len() <= MAX_FIXED_WORDS);
+            assert_eq!(words.as_ref().map(Vec::len), fixed, "{line}");
+            if let Some(words) = words {
+                let mut got = vec![0xa5u8; plan.len];
+                store_fixed(&words, ip, &regs, &mut got);
+                assert_eq!(got, want, "{line}: fixed words");
+                let mut short = vec![0xa5u8; plan.len - 1];
+                store_fixed(&words, ip, &regs, &mut short);
+                assert!(short.iter().all(|&b| b == 0xa5), "{line}: fixed words");
+            }
+            // A record too short for the fields is left alone, as `run` leaves it.
+            let mut short = vec![0xa5u8; plan.len - 1];
+            plan.store(ip, &regs, &mut short);
+            assert!(short.iter().all(|&b| b == 0xa5), "{line}");
+        }
+        let general_only = [
+            "f:t/g f a=$arg7",
+            "f:t/h f a=$arg1 s=+0($arg2):u32",
+            "f:t/i f a=$arg1 c=$comm",
+            "f:t/j f%return r=$retval",
+            "f:t/k f b=$arg1:b3@2/32",
+        ];
+        for line in general_only {
+            assert!(RegisterPlan::of(&program(line)).is_none(), "{line}");
+        }
+    }
+
+    /// [`store_words`] for as many words as `words` has.
+    fn store_fixed(words: &[u16], ip: u64, regs: &PtRegs, record: &mut [u8]) {
+        fn one<const N: usize>(words: &[u16], ip: u64, regs: &PtRegs, record: &mut [u8]) {
+            store_words::<N>(words.try_into().unwrap(), ip, regs, record)
+        }
+        match words.len() {
+            0 => one::<0>(words, ip, regs, record),
+            1 => one::<1>(words, ip, regs, record),
+            2 => one::<2>(words, ip, regs, record),
+            3 => one::<3>(words, ip, regs, record),
+            4 => one::<4>(words, ip, regs, record),
+            5 => one::<5>(words, ip, regs, record),
+            6 => one::<6>(words, ip, regs, record),
+            n => panic!("{n} words"),
+        }
+    }
+
+    /// `%REG` reads the word `register_word` names, and the argument registers are the ones
+    /// `PtRegs::arg` reads.
+    #[test]
+    fn register_words_name_the_frames_fields() {
+        let regs = frame();
+        let ctx = HitContext {
+            regs: Some(&regs),
+            ..HitContext::empty()
+        };
+        for (n, name) in ARG_REGISTERS.iter().enumerate() {
+            assert_eq!(regs.arg(n), ctx.register(name), "{name}");
+        }
+        assert_eq!(ctx.register("ax"), Some(regs.ax));
+        assert_eq!(ctx.register("rsp"), Some(regs.sp));
+        assert_eq!(ctx.register("r15"), Some(regs.r15));
+        assert_eq!(ctx.register("orig_ax"), Some(regs.orig_ax));
+        assert_eq!(ctx.register("cs"), None);
+    }
 }

@@ -935,3 +935,104 @@ fn probes_append_to_an_existing_event() {
     append("dynamic_events", "-:grp/rd\n").unwrap();
     assert_eq!(read("dynamic_events"), "");
 }
+
+/// A function of six integer arguments, probed by the register-only and general events below.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn fastpath_target(a: u64, b: u32, c: i16, d: u64, e: u64, f: u8) -> u64 {
+    std::hint::black_box((b, c, d, e, f));
+    a
+}
+
+/// Arms the soft-disabled event of `register_only_events_record_what_the_general_path_does`.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn fastpath_arm(x: u64) -> u64 {
+    std::hint::black_box(x).wrapping_mul(3)
+}
+
+/// An entry probe whose arguments are only registers and constants records through a plan
+/// worked out at attach time (one of whole words only, through a handler whose record length
+/// is a constant); one that also fetches `$comm` goes through the fetch program.
+/// On the same calls both record the same values, and the fast one keeps every check of the
+/// record path: soft-disabled by an `enable_event` trigger until armed, then filtered.
+#[test]
+fn register_only_events_record_what_the_general_path_does() {
+    let t = Scope::new("dyn-fastpath");
+    let args = "a=$arg1:u64 b=$arg2:u32 c=$arg3:s16 d=$arg4:x64 e=$arg5:x8 f=$arg6:u8 k=\\7:s32";
+    append(
+        "dynamic_events",
+        &format!(
+            "f:fastpath/fast fastpath_target {args}\n\
+             f:fastpath/slow fastpath_target {args} comm=$comm\n\
+             f:fastpath/words fastpath_target a=$arg1:u64 d=$arg4\n\
+             f:fastpath/arm fastpath_arm\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e:?}: {}", read("error_log")));
+    write(&t.p("events/fastpath/slow/enable"), "1\n").unwrap();
+    write(&t.p("events/fastpath/words/enable"), "1\n").unwrap();
+    // The trigger holds `fast` attached but soft-disabled until `arm` fires.
+    write(
+        &t.p("events/fastpath/arm/trigger"),
+        "enable_event:fastpath:fast\n",
+    )
+    .unwrap();
+    let call = |a: u64| fastpath_target(a, 0xdead_beef, -3, 0x1234_5678_9abc, 0x1ff, 200);
+    call(1);
+    fastpath_arm(1);
+    call(2);
+    write(&t.p("events/fastpath/fast/filter"), "a == 4\n").unwrap();
+    call(3);
+    call(4);
+    let lines = t.lines();
+    let events: Vec<(&str, &str)> = lines
+        .iter()
+        .filter_map(|l| text_of(l).split_once(": "))
+        .collect();
+    let fast: Vec<&str> = events
+        .iter()
+        .filter(|(e, _)| *e == "fast")
+        .map(|(_, t)| *t)
+        .collect();
+    let slow: Vec<&str> = events
+        .iter()
+        .filter(|(e, _)| *e == "slow")
+        .map(|(_, t)| *t)
+        .collect();
+    assert_eq!(slow.len(), 4, "{lines:#?}");
+    // Whole words only, in argument order: a handler whose record length is a constant.
+    let words: Vec<&str> = events
+        .iter()
+        .filter(|(e, _)| *e == "words")
+        .map(|(_, t)| *t)
+        .collect();
+    assert_eq!(words.len(), 4, "{lines:#?}");
+    for (w, s) in words.iter().zip(&slow) {
+        let a = s.split(' ').find(|f| f.starts_with("a=")).expect("a");
+        let probe = s.split(' ').next().expect("probe ip");
+        assert_eq!(*w, format!("{probe} {a} d=0x123456789abc"), "{lines:#?}");
+    }
+    assert_eq!(fast.len(), 2, "soft-disabled, then filtered: {lines:#?}");
+    for (f, a) in fast.iter().zip([2, 4]) {
+        let want = format!(
+            "(fastpath_target+0x0/0x{}) a={a} b=3735928559 c=-3 d=0x123456789abc e=0xff f=200 k=7",
+            f.split_once("/0x")
+                .and_then(|(_, r)| r.split_once(')'))
+                .map_or("", |(size, _)| size)
+        );
+        assert_eq!(*f, want, "{lines:#?}");
+        let general = slow
+            .iter()
+            .find(|s| s.contains(&format!(" a={a} ")))
+            .unwrap_or_else(|| panic!("no general record of a={a}: {lines:#?}"));
+        let (head, comm) = general.split_once(" comm=").expect("comm");
+        assert_eq!(head, *f, "{lines:#?}");
+        assert!(comm.starts_with('"'), "{general}");
+    }
+    write(
+        &t.p("events/fastpath/arm/trigger"),
+        "!enable_event:fastpath:fast\n",
+    )
+    .unwrap();
+}
