@@ -58,9 +58,9 @@
 //! fences). Take a section S of thread T and the point F where that fence lands in T's
 //! instruction stream. If S's entry store comes before F, it is visible to the writer's scan,
 //! which runs after `membarrier` returns: the writer sees S's value with `IN` (or, if S has
-//! ended, a later one) and waits until S ends. If S's entry store comes
-//! after F, so do S's pointer loads (they follow the store in program order, and the compiler
-//! fence keeps the compiler from hoisting them); the pointer was published before
+//! ended, a later one) and waits until S ends. If S's entry store comes after F, so do S's
+//! pointer loads (they follow the store in program order, and the compiler fence keeps the
+//! compiler from hoisting them); the pointer was published before
 //! `membarrier` was called, so they see the new value and S never sees the old one. Either
 //! way nothing S can see is freed while S runs. The reader's exit store is a release store
 //! and the writer's loads acquire, so S's uses of the old value happen before the writer
@@ -68,10 +68,10 @@
 //!
 //! *Fence mode.* Where membarrier is not available (old kernels, seccomp), each thread is
 //! registered with `SLOW` set in its word: its sections take the out-of-line entry, which
-//! stores the count with `IN` (its sections differ anyway), follows the store with a real
-//! `SeqCst` fence, and the writer's `membarrier` becomes
-//! a `SeqCst` fence too; the two fences order "store word, load pointer" against "store
-//! pointer, load word" (either the reader sees the new pointer or the writer sees the word).
+//! stores the count with `IN`, follows the store with a real `SeqCst` fence, and the writer's
+//! `membarrier` becomes a `SeqCst` fence too; the two fences order "store word, load pointer"
+//! against "store pointer, load word" (either the reader sees the new pointer or the writer
+//! sees the word).
 //! Whether membarrier works is settled before any thread registers and never changes: its
 //! registration is inherited by forked children and ends only with `exec`. So the hot path
 //! tests one thread-local word for both "nested" and "must fence": `word & (IN | SLOW) == 0`.
