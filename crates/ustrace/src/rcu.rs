@@ -41,8 +41,9 @@
 //! the thread makes is S's end (an even count), or comes after S has ended; no later entry
 //! stores `s | MARK`. So once the word has held `s | MARK`, *any other value means the marked
 //! section has ended*; and if the compare-and-swap fails, the word changed since s, so S has
-//! ended already. A word that already carries a mark (an earlier writer's) is waited on
-//! as it is. The writer waits for at most one section per thread, never for sections that
+//! ended already. (If S ended and the next section began between the writer's read and its
+//! swap, the writer marks and waits for that one: longer, never shorter.) A word that
+//! already carries a mark (an earlier writer's) is waited on as it is. The writer waits for at most one section per thread, never for sections that
 //! began after its scan: no reader loads a shared grace-period number, and a thread that
 //! enters sections back to back cannot starve a writer.
 //!
