@@ -277,9 +277,9 @@ impl<P: ?Sized + Send + Sync + 'static> Tracepoint<P> {
     /// arguments by value: the one-probe call keeps them in registers, where a single closure
     /// shared with the loop would need them stored in memory on every call.
     ///
-    /// (A thread's first call, which registers its read-side slot, stays in this frame: a
-    /// path of its own would add a frame to that one call's stack, and stack keys skip a
-    /// fixed count of record-path frames measured once.)
+    /// (A thread's first call, which registers the thread for read-side sections, stays in
+    /// this frame: a path of its own would add a frame to that one call's stack, and stack
+    /// keys skip a fixed count of record-path frames measured once.)
     #[doc(hidden)]
     #[inline(always)]
     pub fn call_probes(&self, one: impl FnOnce(&P), many: impl FnOnce(ProbeList<'_, P>)) {
@@ -737,8 +737,8 @@ mod tests {
         fn tp_test_first_call(x: u64);
     }
 
-    /// A thread's first call registers its read-side slot on the way; it and the later
-    /// calls reach the probe.
+    /// A thread's first call registers the thread for read-side sections on the way; it and
+    /// the later calls reach the probe.
     #[test]
     fn a_threads_first_call_and_later_ones_reach_the_probe() {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
