@@ -553,6 +553,7 @@ impl RingBuffer {
     /// Every case the fast path leaves: recording off, other clocks,
     /// events too big, no rseq, page changes, retries, migrations, closed
     /// regions and refusals.
+    #[cold]
     #[inline(never)]
     fn reserve_slow(&self, len: usize) -> Option<(&Region, RawReservation)> {
         let hdr = self.root.header();
