@@ -44,13 +44,7 @@ fn start() -> Demo {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !socket.exists() {
         if let Some(st) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
+            let err = common::stderr_text(&mut child);
             panic!("demo exited {st} before serving: {err}");
         }
         assert!(Instant::now() < deadline, "the demo never served");
@@ -214,13 +208,7 @@ fn the_whole_demo_runs_under_function_graph_of_every_function() {
         std::thread::sleep(Duration::from_millis(100));
     };
     let out = reader.join().unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = common::stderr_text(&mut child);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(status.success(), "demo: {status}\n{err}");
     let last = out.lines().last().unwrap_or_default();

@@ -85,13 +85,7 @@ impl Demo {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !socket.exists() {
             if let Some(st) = child.try_wait().unwrap() {
-                let mut err = String::new();
-                child
-                    .stderr
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut err)
-                    .unwrap();
+                let err = common::stderr_text(&mut child);
                 panic!("demo exited {st} before serving: {err}");
             }
             assert!(Instant::now() < deadline, "the demo never served");
@@ -232,13 +226,7 @@ fn mount(scratch: &Scratch, pid: &str, dir: &Path) -> Child {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !(mounted(dir) && std::fs::metadata(dir).is_ok()) {
         if let Some(st) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
+            let err = common::stderr_text(&mut child);
             panic!("ustrace mount exited {st}: {err}");
         }
         assert!(Instant::now() < deadline, "the mount did not appear");

@@ -30,3 +30,14 @@ impl DefaultSignals for Command {
         }
     }
 }
+
+/// All a child wrote to its piped stderr (empty when it was not piped or was taken).
+#[allow(dead_code)]
+pub fn stderr_text(child: &mut std::process::Child) -> String {
+    use std::io::Read;
+    let mut err = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut err);
+    }
+    err
+}
