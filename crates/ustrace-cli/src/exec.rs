@@ -332,7 +332,7 @@ fn blocked_signals() -> libc::sigset_t {
     }
 }
 
-pub fn run(args: ExecArgs) -> Result<i32, String> {
+pub fn run(args: ExecArgs) -> Result<u8, String> {
     let socket = discover::find_socket(args.pid).map_err(|e| e.to_string())?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
@@ -402,7 +402,7 @@ fn tempfile_dir() -> Result<PathBuf, String> {
 /// (`kill`, `timeout`); those the terminal sends (Ctrl-C, Ctrl-\, hang-up) reach CMD by
 /// themselves, since it is in the same process group. Returns the exit code a shell would
 /// show.
-fn run_child(command: &[OsString], set: &libc::sigset_t) -> Result<i32, String> {
+fn run_child(command: &[OsString], set: &libc::sigset_t) -> Result<u8, String> {
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]);
     // SAFETY: runs in the forked child before exec and makes only async-signal-safe calls
@@ -437,9 +437,7 @@ fn run_child(command: &[OsString], set: &libc::sigset_t) -> Result<i32, String> 
     };
     loop {
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            return Ok(status
-                .code()
-                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)));
+            return Ok(shell_status(&status));
         }
         // SAFETY: siginfo_t is plain data; all zeroes is a valid value.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -450,5 +448,15 @@ fn run_child(command: &[OsString], set: &libc::sigset_t) -> Result<i32, String> 
             // SAFETY: kill has no memory-safety preconditions; pid is our child's.
             unsafe { libc::kill(pid, sig) };
         }
+    }
+}
+
+/// The status a shell gives a command that ended so: its exit code, or 128 plus the number
+/// of the signal that killed it (`exec` and `record` end with their command's).
+pub(crate) fn shell_status(status: &std::process::ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
+        _ => 1,
     }
 }

@@ -275,7 +275,7 @@ fn main() -> ExitCode {
         Command::Top(args) => top::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Exec(args) => match exec::run(args) {
-            Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),
+            Ok(code) => return ExitCode::from(code),
             Err(e) => Err(e),
         },
         Command::Record(args) => match record::run(args) {

@@ -340,18 +340,7 @@ fn record_command(
     };
     let status = session.run(drain::Until::Child(&mut child))?;
     session.finish(status.map(|s| describe_status(&s)))?;
-    Ok(status.map_or(0, |s| shell_status(&s)))
-}
-
-/// The status a shell gives a command that ended so: its exit code, or 128 plus the number
-/// of the signal that killed it.
-fn shell_status(status: &std::process::ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => c as u8,
-        (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
-        _ => 1,
-    }
+    Ok(status.map_or(0, |s| crate::exec::shell_status(&s)))
 }
 
 /// With a function tracer in the setup, says which of the functions it selects could not be
