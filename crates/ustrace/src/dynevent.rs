@@ -157,13 +157,7 @@ impl DynEvent {
                                     unsafe { plan.store_unchecked(entry_ip as u64, regs, record) }
                                 }
                             };
-                            // One flag load when the event needs no check; otherwise the
-                            // checks `emit` makes, in its order.
-                            if let Some(direct) = file.direct() {
-                                direct.record(len, fill);
-                            } else if let Some(checked) = file.wanted() {
-                                checked.record(len, fill);
-                            }
+                            record_register_event(&file, len, fill);
                             EntryAction::Continue
                         },
                     ),
@@ -776,6 +770,17 @@ impl RegisterPlan {
     }
 }
 
+/// The record path of both register-plan handlers: one flag load when the event needs no
+/// check; otherwise the checks `emit` makes, in its order.
+#[inline(always)]
+fn record_register_event(file: &EventFile, len: usize, fill: impl FnOnce(&mut [u8])) {
+    if let Some(direct) = file.direct() {
+        direct.record(len, fill);
+    } else if let Some(checked) = file.wanted() {
+        checked.record(len, fill);
+    }
+}
+
 /// Largest count of words [`fixed_words_builder`] makes a handler of its own for.
 const MAX_FIXED_WORDS: usize = 6;
 
@@ -792,13 +797,7 @@ fn fixed_words_builder(file: &Arc<EventFile>, plan: &RegisterPlan) -> Option<Fpr
             Fprobe::builder().entry_handler(move |_fp, entry_ip, _ret_ip, regs, _data| {
                 let fill =
                     move |record: &mut [u8]| store_words(&words, entry_ip as u64, regs, record);
-                // As the plan's handler: one flag load when the event needs no check.
-                let len = fixed_words_len(N);
-                if let Some(direct) = file.direct() {
-                    direct.record(len, fill);
-                } else if let Some(checked) = file.wanted() {
-                    checked.record(len, fill);
-                }
+                record_register_event(&file, fixed_words_len(N), fill);
                 EntryAction::Continue
             }),
         )
