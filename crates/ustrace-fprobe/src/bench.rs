@@ -48,31 +48,34 @@ pub extern "C" fn trampoline_floor_exit_call(a: u64, b: u64) -> u64 {
 /// runs the floor trampoline.
 pub fn prepare_trampoline_floor() -> Result<(), Error> {
     static DONE: OnceLock<Result<usize, Error>> = OnceLock::new();
-    let f = trampoline_floor_call as extern "C" fn(u64, u64) -> u64 as usize;
-    DONE.get_or_init(|| attach_floor(f, false))
-        .as_ref()
-        .map(|_| ())
-        .map_err(Clone::clone)
+    attach_floor_once(&DONE, trampoline_floor_call, false)
 }
 
 /// Patches [`trampoline_floor_exit_call`] to go through the entry-and-return floor
 /// trampolines, as [`prepare_trampoline_floor`] does for the entry floor.
 pub fn prepare_trampoline_floor_exit() -> Result<(), Error> {
     static DONE: OnceLock<Result<usize, Error>> = OnceLock::new();
-    let f = trampoline_floor_exit_call as extern "C" fn(u64, u64) -> u64 as usize;
-    DONE.get_or_init(|| attach_floor(f, true))
-        .as_ref()
-        .map(|_| ())
-        .map_err(Clone::clone)
+    attach_floor_once(&DONE, trampoline_floor_exit_call, true)
 }
 
-fn attach_floor(f: usize, hook_return: bool) -> Result<usize, Error> {
-    let size = ustrace_inspect::symbols::inventory()
-        .lookup(f)
-        .filter(|(_, off)| *off == 0)
-        .map(|(s, _)| s.size)
-        .filter(|&n| n > 0);
-    crate::arch::attach_floor(f, size, hook_return)
+/// Patches `target` for good the first time, keeping that outcome in `done` for every call.
+fn attach_floor_once(
+    done: &OnceLock<Result<usize, Error>>,
+    target: extern "C" fn(u64, u64) -> u64,
+    hook_return: bool,
+) -> Result<(), Error> {
+    done.get_or_init(|| {
+        let f = target as usize;
+        let size = ustrace_inspect::symbols::inventory()
+            .lookup(f)
+            .filter(|(_, off)| *off == 0)
+            .map(|(s, _)| s.size)
+            .filter(|&n| n > 0);
+        crate::arch::attach_floor(f, size, hook_return)
+    })
+    .as_ref()
+    .map(|_| ())
+    .map_err(Clone::clone)
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
